@@ -1,0 +1,135 @@
+/*
+ * mf_core.h -- public interface of the thunder_memfuse C core.
+ *
+ * The core plans the order and fusion grouping of a dataflow graph so that the
+ * peak of live bytes is minimal (shared/DESIGN.md, docs/ARCHITECTURE.md).
+ * Pure C99: no Python.h, no CUDA.  Every function returns an int status
+ * (MF_OK == 0) and writes results through out-parameters; on failure the
+ * message is in ctx->err.  All memory goes through ctx->alloc, so tests can
+ * fail the Nth allocation and check that every path cleans up.
+ *
+ * NOTE [cost model]  (the one simulator that scores every decision)
+ *  - A value's storage is that of its alias root (follow alias_of to -1).
+ *  - Storage of a graph input (root is_input) is never counted nor freed.
+ *  - Storage is allocated by the op producing its root value and freed right
+ *    after the last op (in schedule order) that reads any alias of it, unless
+ *    some alias is a graph output (then it lives to the end).  Storage that
+ *    nobody reads is freed right after the op producing it.
+ *  - Unfused op k: during = live_before + bytes of storages k allocates.
+ *  - Fused group G: during = live_before + bytes of storages allocated in G
+ *    that are read (through any alias) by an op outside G or are graph
+ *    outputs.  Storages produced and consumed only inside G are never
+ *    materialized.  Frees happen after the whole group.
+ *  - peak = max over steps of during (memory before the first step is 0).
+ */
+#ifndef MF_CORE_H
+#define MF_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    MF_OK = 0,
+    MF_ENOMEM = 1,   /* an allocation failed */
+    MF_EINVAL = 2,   /* bad graph (message names the problem) */
+    MF_ECYCLE = 3,   /* the dataflow plus ordering edges have a cycle */
+    MF_EINTERNAL = 4
+};
+
+typedef struct mf_allocator {
+    void *(*alloc)(void *ud, size_t nbytes);   /* NULL on failure */
+    void (*free)(void *ud, void *ptr);          /* ptr may be NULL */
+    void *ud;
+} mf_allocator;
+
+#define MF_ERR_LEN 512
+
+typedef struct mf_ctx {
+    mf_allocator alloc;       /* zeroed -> malloc/free */
+    char err[MF_ERR_LEN];     /* message of the last failure */
+} mf_ctx;
+
+void mf_ctx_init(mf_ctx *ctx, const mf_allocator *alloc /* may be NULL */);
+void *mf_alloc(mf_ctx *ctx, size_t nbytes);   /* sets err on failure */
+void *mf_calloc(mf_ctx *ctx, size_t n, size_t size);
+void mf_free(mf_ctx *ctx, void *p);
+int mf_set_error(mf_ctx *ctx, int status, const char *fmt, ...);
+
+/* A graph, described by flat arrays owned by the caller (not copied by
+ * mf_graph_check; mf_plan copies what it needs). */
+typedef struct mf_graph_desc {
+    int32_t n_ops;
+    int32_t n_values;
+    const int32_t *in_ptr;      /* n_ops + 1 offsets into in_idx (CSR) */
+    const int32_t *in_idx;      /* value ids read by each op (repeats allowed) */
+    const int32_t *out_ptr;     /* n_ops + 1 offsets into out_idx */
+    const int32_t *out_idx;     /* value ids written by each op */
+    const int64_t *value_bytes; /* n_values, >= 0 (0 for non-tensors) */
+    const int32_t *alias_of;    /* n_values: base value id or -1; may be NULL */
+    const uint8_t *is_input;    /* n_values: graph input; may be NULL */
+    const uint8_t *is_output;   /* n_values: graph output; may be NULL */
+    const uint8_t *fusible;     /* n_ops; may be NULL (nothing fusible) */
+    int32_t n_after;            /* ordering edges: op after[2i] runs before after[2i+1] */
+    const int32_t *after;
+} mf_graph_desc;
+
+/* Validate: ids in range, each value produced by exactly one op or a graph
+ * input (not both), sizes >= 0, alias chains acyclic, no cycle through
+ * dataflow + after edges.  MF_EINVAL / MF_ECYCLE with a message. */
+int mf_graph_check(mf_ctx *ctx, const mf_graph_desc *g);
+
+/* Simulate a schedule.  order: n_ops op ids (a permutation); groups given by
+ * group_ptr (n_groups + 1 offsets into order; NULL means every op alone).
+ * The order need not be valid for peak computation, but must be a
+ * permutation.  step_bytes (n_groups entries, may be NULL) receives each
+ * step's `during` memory, live_after (may be NULL) the live bytes after it. */
+int mf_simulate(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order,
+                const int32_t *group_ptr, int32_t n_groups,
+                int64_t *peak_out, int64_t *step_bytes, int64_t *live_after);
+
+/* Is order a permutation that respects dataflow and after edges?  *valid_out. */
+int mf_check_order(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order,
+                   int *valid_out);
+
+typedef struct mf_plan_options {
+    int64_t max_states;  /* cap on DP states; <= 0 means the default */
+    int fuse;            /* 1: form fusion groups; 0: singletons only */
+} mf_plan_options;
+
+#define MF_DEFAULT_MAX_STATES 200000
+
+typedef struct mf_plan_result {
+    int32_t n_ops;
+    int32_t *order;          /* n_ops op ids */
+    int32_t n_groups;
+    int32_t *group_ptr;      /* n_groups + 1 offsets into order */
+    int64_t peak_bytes;          /* order with groups */
+    int64_t unfused_peak_bytes;  /* order, every op alone */
+    int64_t baseline_peak_bytes; /* ops 0..n-1, every op alone */
+    int64_t lower_bound_bytes;   /* no valid order can beat this */
+    int optimal;             /* unfused order proven minimal over valid orders */
+    int64_t states;          /* DP states explored */
+    const char *method;      /* static string: "lower-bound", "dp", "greedy", ... */
+} mf_plan_result;
+
+/* Plan: the order with the least unfused peak (the input order 0..n-1 is
+ * always a candidate when it is valid, so the result is never worse), then
+ * fusion grouping on that order: the least peak over groupings (runs of
+ * consecutive fusible ops; fusing can lower the peak because inner values are
+ * never materialized, and can raise it because inputs stay alive until the
+ * whole kernel ends), and among groupings at that peak the fewest groups.
+ * So peak_bytes <= unfused_peak_bytes.  baseline_peak_bytes is the simulated
+ * peak of 0..n-1 even when that order is not valid.  Free the result with
+ * mf_plan_result_free (also safe on a zeroed result). */
+int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt,
+            mf_plan_result *out);
+void mf_plan_result_free(mf_ctx *ctx, mf_plan_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MF_CORE_H */

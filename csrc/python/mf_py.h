@@ -1,0 +1,25 @@
+/*
+ * mf_py.h -- shared declarations of the CPython binding (thunder_memfuse._C).
+ * The only C in the project that includes Python.h lives in csrc/python/.
+ */
+#ifndef MF_PY_H
+#define MF_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Exec-slot hooks: each adds its functions/constants to the module.
+ * Return 0 on success, -1 with an exception set. */
+int mf_py_plan_exec(PyObject *module);    /* plan.c: plan(), simulate() */
+int mf_py_trace_exec(PyObject *module);   /* trace.c: Thunder trace reading */
+int mf_py_cuda_exec(PyObject *module);    /* cuda_py.c: CUDA loader, codegen, NVRTC, cuBLAS */
+
+#include "mf_core.h"
+#include "mf_gbuf.h"
+
+/* plan.c helpers shared with trace.c */
+void mf_py_ctx_init(mf_ctx *ctx);                      /* core ctx on PyMem_Raw */
+PyObject *mf_py_raise(const mf_ctx *ctx, int status);  /* status -> exception, NULL */
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse); /* -> plan dict */
+
+#endif /* MF_PY_H */

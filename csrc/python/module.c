@@ -1,0 +1,48 @@
+/*
+ * module.c -- thunder_memfuse._C: PEP 489 multi-phase init.
+ *
+ * The exec slot asks each part of the binding to add its functions:
+ * plan.c (the C core: plan, simulate), trace.c (reading Thunder traces) and
+ * cuda_py.c (CUDA loader, code generator, NVRTC, cuBLAS).  No static
+ * PyObject globals: what a part needs lives in its own module state or is
+ * looked up per call.
+ */
+#include "mf_py.h"
+
+static int mf_exec(PyObject *m)
+{
+    if (mf_py_plan_exec(m) < 0)
+        return -1;
+    if (mf_py_trace_exec(m) < 0)
+        return -1;
+    if (mf_py_cuda_exec(m) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot mf_slots[] = {
+    {Py_mod_exec, (void *)mf_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef mf_module = {
+    PyModuleDef_HEAD_INIT,
+    "thunder_memfuse._C",
+    "C core of thunder_memfuse: memory-aware scheduler, Thunder trace reader, CUDA kernels.",
+    0,
+    NULL,
+    mf_slots,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void);
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    return PyModuleDef_Init(&mf_module);
+}

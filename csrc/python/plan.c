@@ -1,0 +1,568 @@
+/*
+ * plan.c -- the Python entry to the C core: plan() and simulate().
+ *
+ * Converts Python sequences into an mf_gbuf (checking types and id ranges
+ * here, so every message names the offending argument and index), lets the
+ * core check the graph (it names semantic problems: a value produced twice,
+ * a cycle ...), runs the core without the GIL, and converts the result.
+ * Core statuses become ValueError (bad graph) or MemoryError.
+ */
+#include "mf_py.h"
+#include <string.h>
+
+/* ---- allocator: the core allocates through PyMem_Raw (no GIL needed) ---- */
+
+static void *raw_alloc(void *ud, size_t n)
+{
+    (void)ud;
+    return PyMem_RawMalloc(n ? n : 1);
+}
+
+static void raw_free(void *ud, void *p)
+{
+    (void)ud;
+    PyMem_RawFree(p);
+}
+
+void mf_py_ctx_init(mf_ctx *ctx)
+{
+    mf_allocator a;
+    a.alloc = raw_alloc;
+    a.free = raw_free;
+    a.ud = NULL;
+    mf_ctx_init(ctx, &a);
+}
+
+/* Turn a core status into a Python exception; returns NULL. */
+PyObject *mf_py_raise(const mf_ctx *ctx, int status)
+{
+    switch (status) {
+    case MF_ENOMEM:
+        return PyErr_NoMemory();
+    case MF_EINVAL:
+    case MF_ECYCLE:
+        PyErr_SetString(PyExc_ValueError, ctx->err);
+        return NULL;
+    default:
+        PyErr_Format(PyExc_RuntimeError, "thunder_memfuse internal error (status %d): %s", status, ctx->err);
+        return NULL;
+    }
+}
+
+/* ---- argument conversion ---- */
+
+/* An integer id in [0, limit); what/index name it in messages. */
+static int get_id(PyObject *o, int32_t limit, const char *what, int32_t *out)
+{
+    long long v;
+    int overflow = 0;
+    if (PyBool_Check(o) || !PyLong_Check(o)) {
+        if (PyBool_Check(o) || !PyIndex_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "%s must be an int, not %.80s", what, Py_TYPE(o)->tp_name);
+            return -1;
+        }
+    }
+    {
+        PyObject *idx = PyNumber_Index(o);
+        if (!idx)
+            return -1;
+        v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+        Py_DECREF(idx);
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || v < 0 || v >= limit) {
+        PyErr_Format(PyExc_ValueError, "%s: id %R out of range [0, %d)", what, o, (int)limit);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+/* A sequence as a fast list/tuple; names the argument on failure. */
+static PyObject *as_seq(PyObject *o, const char *what)
+{
+    if (PyUnicode_Check(o) || PyBytes_Check(o) || !PySequence_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence, not %.80s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return PySequence_Fast(o, what);
+}
+
+/* An iterable of ids (graph_inputs, graph_outputs, an op's inputs). */
+typedef int (*id_sink)(mf_gbuf *b, int32_t v, void *arg);
+
+static int each_id(PyObject *o, int32_t limit, const char *what, mf_gbuf *b, id_sink sink, void *arg)
+{
+    PyObject *seq = as_seq(o, what);
+    Py_ssize_t i, n;
+    char name[160];
+    if (!seq)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(seq);
+    for (i = 0; i < n; i++) {
+        int32_t v;
+        snprintf(name, sizeof name, "%s[%zd]", what, i);
+        if (get_id(PySequence_Fast_GET_ITEM(seq, i), limit, name, &v) < 0 || sink(b, v, arg) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static int sink_in(mf_gbuf *b, int32_t v, void *arg)
+{
+    (void)arg;
+    return mf_gbuf_op_in(b, v) < 0 ? (PyErr_NoMemory(), -1) : 0;
+}
+
+static int sink_out(mf_gbuf *b, int32_t v, void *arg)
+{
+    (void)arg;
+    return mf_gbuf_op_out(b, v) < 0 ? (PyErr_NoMemory(), -1) : 0;
+}
+
+static int sink_flag(mf_gbuf *b, int32_t v, void *arg)
+{
+    uint8_t *flags = (uint8_t *)arg;
+    (void)b;
+    flags[v] = 1;
+    return 0;
+}
+
+/* A sequence of int pairs; each pair goes to sink2. */
+typedef int (*pair_sink)(mf_gbuf *b, int32_t x, int32_t y, const char *what);
+
+static int each_pair(PyObject *o, int32_t limit, const char *what, mf_gbuf *b, pair_sink sink)
+{
+    PyObject *seq = as_seq(o, what);
+    Py_ssize_t i, n;
+    char name[160];
+    if (!seq)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(seq);
+    for (i = 0; i < n; i++) {
+        PyObject *pair;
+        int32_t x, y;
+        snprintf(name, sizeof name, "%s[%zd]", what, i);
+        pair = as_seq(PySequence_Fast_GET_ITEM(seq, i), name);
+        if (!pair)
+            goto fail;
+        if (PySequence_Fast_GET_SIZE(pair) != 2) {
+            PyErr_Format(PyExc_ValueError, "%s must be a pair, got %zd items", name, PySequence_Fast_GET_SIZE(pair));
+            Py_DECREF(pair);
+            goto fail;
+        }
+        {
+            char n0[180], n1[180];
+            snprintf(n0, sizeof n0, "%s[0]", name);
+            snprintf(n1, sizeof n1, "%s[1]", name);
+            if (get_id(PySequence_Fast_GET_ITEM(pair, 0), limit, n0, &x) < 0 ||
+                get_id(PySequence_Fast_GET_ITEM(pair, 1), limit, n1, &y) < 0) {
+                Py_DECREF(pair);
+                goto fail;
+            }
+        }
+        Py_DECREF(pair);
+        if (sink(b, x, y, name) < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return 0;
+fail:
+    Py_DECREF(seq);
+    return -1;
+}
+
+static int sink_alias(mf_gbuf *b, int32_t view, int32_t base, const char *what)
+{
+    if (b->alias_of[view] != -1 && b->alias_of[view] != base) {
+        PyErr_Format(PyExc_ValueError, "%s: value %d is already a view of value %d", what, (int)view,
+                     (int)b->alias_of[view]);
+        return -1;
+    }
+    if (view == base) {
+        PyErr_Format(PyExc_ValueError, "%s: value %d cannot be a view of itself", what, (int)view);
+        return -1;
+    }
+    b->alias_of[view] = base;
+    return 0;
+}
+
+static int sink_after(mf_gbuf *b, int32_t x, int32_t y, const char *what)
+{
+    (void)what;
+    if (mf_gbuf_after(b, x, y) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Build the graph from plan()/simulate() arguments.  0 or -1 (exception). */
+static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObject *graph_inputs,
+                       PyObject *graph_outputs, PyObject *aliases, PyObject *fusible, PyObject *after)
+{
+    PyObject *ops_seq = NULL, *vb_seq = NULL, *fu_seq = NULL;
+    Py_ssize_t n_ops, n_values, i;
+    char name[96];
+    int rc = -1;
+
+    if (!(vb_seq = as_seq(value_bytes, "value_bytes")))
+        goto done;
+    n_values = PySequence_Fast_GET_SIZE(vb_seq);
+    if (n_values >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "value_bytes: too many values");
+        goto done;
+    }
+    for (i = 0; i < n_values; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(vb_seq, i);
+        long long v;
+        int overflow = 0;
+        if (PyBool_Check(o) || !PyLong_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "value_bytes[%zd] must be an int, not %.80s", i, Py_TYPE(o)->tp_name);
+            goto done;
+        }
+        v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        if (overflow || v < 0) {
+            PyErr_Format(PyExc_ValueError, "value_bytes[%zd]: size %R must be a non-negative 64-bit int", i, o);
+            goto done;
+        }
+        if (mf_gbuf_add_value(b, (int64_t)v, 0) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    if (each_id(graph_inputs, (int32_t)n_values, "graph_inputs", b, sink_flag, b->is_input) < 0)
+        goto done;
+    if (each_id(graph_outputs, (int32_t)n_values, "graph_outputs", b, sink_flag, b->is_output) < 0)
+        goto done;
+    if (each_pair(aliases, (int32_t)n_values, "aliases", b, sink_alias) < 0)
+        goto done;
+
+    if (!(ops_seq = as_seq(ops, "ops")))
+        goto done;
+    n_ops = PySequence_Fast_GET_SIZE(ops_seq);
+    if (n_ops >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "ops: too many ops");
+        goto done;
+    }
+    if (fusible != Py_None) {
+        if (!(fu_seq = as_seq(fusible, "fusible")))
+            goto done;
+        if (PySequence_Fast_GET_SIZE(fu_seq) != n_ops) {
+            PyErr_Format(PyExc_ValueError, "fusible has %zd entries but there are %zd ops",
+                         PySequence_Fast_GET_SIZE(fu_seq), n_ops);
+            goto done;
+        }
+    }
+    for (i = 0; i < n_ops; i++) {
+        PyObject *op;
+        int fu = 0;
+        snprintf(name, sizeof name, "ops[%zd]", i);
+        if (fu_seq && (fu = PyObject_IsTrue(PySequence_Fast_GET_ITEM(fu_seq, i))) < 0)
+            goto done;
+        if (!(op = as_seq(PySequence_Fast_GET_ITEM(ops_seq, i), name)))
+            goto done;
+        if (PySequence_Fast_GET_SIZE(op) != 2) {
+            PyErr_Format(PyExc_ValueError, "%s must be a pair (inputs, outputs), got %zd items", name,
+                         PySequence_Fast_GET_SIZE(op));
+            Py_DECREF(op);
+            goto done;
+        }
+        if (mf_gbuf_begin_op(b, fu) < 0) {
+            Py_DECREF(op);
+            PyErr_NoMemory();
+            goto done;
+        }
+        {
+            char nin[120], nout[120];
+            snprintf(nin, sizeof nin, "%s[0] (inputs)", name);
+            snprintf(nout, sizeof nout, "%s[1] (outputs)", name);
+            if (each_id(PySequence_Fast_GET_ITEM(op, 0), (int32_t)n_values, nin, b, sink_in, NULL) < 0 ||
+                each_id(PySequence_Fast_GET_ITEM(op, 1), (int32_t)n_values, nout, b, sink_out, NULL) < 0) {
+                Py_DECREF(op);
+                goto done;
+            }
+        }
+        Py_DECREF(op);
+        if (mf_gbuf_end_op(b) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    if (each_pair(after, (int32_t)n_ops, "after", b, sink_after) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(ops_seq);
+    Py_XDECREF(vb_seq);
+    Py_XDECREF(fu_seq);
+    return rc;
+}
+
+static PyObject *int32_list(const int32_t *a, Py_ssize_t n)
+{
+    PyObject *l = PyList_New(n);
+    Py_ssize_t i;
+    if (!l)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(a[i]);
+        if (!v) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+static PyObject *int64_list(const int64_t *a, Py_ssize_t n)
+{
+    PyObject *l = PyList_New(n);
+    Py_ssize_t i;
+    if (!l)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(a[i]);
+        if (!v) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+/* The plan result as a dict (the Python layer wraps it in a Plan). */
+static PyObject *plan_to_dict(const mf_plan_result *r)
+{
+    PyObject *d = NULL, *order = NULL, *groups = NULL;
+    int32_t g;
+    if (!(order = int32_list(r->order, r->n_ops)))
+        goto fail;
+    if (!(groups = PyList_New(r->n_groups)))
+        goto fail;
+    for (g = 0; g < r->n_groups; g++) {
+        PyObject *grp = int32_list(r->order + r->group_ptr[g], r->group_ptr[g + 1] - r->group_ptr[g]);
+        if (!grp)
+            goto fail;
+        PyList_SET_ITEM(groups, g, grp);
+    }
+    d = Py_BuildValue("{s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s}", "order", order, "groups", groups, "peak_bytes",
+                      (long long)r->peak_bytes, "unfused_peak_bytes", (long long)r->unfused_peak_bytes,
+                      "baseline_peak_bytes", (long long)r->baseline_peak_bytes, "lower_bound_bytes",
+                      (long long)r->lower_bound_bytes, "optimal", r->optimal ? Py_True : Py_False, "states",
+                      (long long)r->states, "method", r->method ? r->method : "");
+fail:
+    Py_XDECREF(order);
+    Py_XDECREF(groups);
+    return d;
+}
+
+/* Run the core planner on a built graph; returns the result dict. */
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
+{
+    mf_ctx ctx;
+    mf_graph_desc desc;
+    mf_plan_options opt;
+    mf_plan_result res;
+    PyObject *out;
+    int st;
+
+    mf_py_ctx_init(&ctx);
+    mf_gbuf_desc(b, &desc);
+    memset(&opt, 0, sizeof opt);
+    memset(&res, 0, sizeof res);
+    opt.max_states = max_states;
+    opt.fuse = fuse;
+    Py_BEGIN_ALLOW_THREADS
+    st = mf_graph_check(&ctx, &desc);
+    if (st == MF_OK)
+        st = mf_plan(&ctx, &desc, &opt, &res);
+    Py_END_ALLOW_THREADS
+    if (st != MF_OK) {
+        mf_plan_result_free(&ctx, &res);
+        return mf_py_raise(&ctx, st);
+    }
+    out = plan_to_dict(&res);
+    mf_plan_result_free(&ctx, &res);
+    return out;
+}
+
+static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
+                             "fusible", "after",    "max_states",   "fuse",          NULL};
+    PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
+    PyObject *empty = NULL, *out = NULL;
+    int fuse = 1;
+    long long max_states = 0;
+    mf_gbuf b;
+    (void)self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
+                                     &ms, &fuse))
+        return NULL;
+    if (ms != Py_None) {
+        if (PyBool_Check(ms) || !PyLong_Check(ms)) {
+            PyErr_Format(PyExc_TypeError, "max_states must be an int or None, not %.80s", Py_TYPE(ms)->tp_name);
+            return NULL;
+        }
+        max_states = PyLong_AsLongLong(ms);
+        if (max_states == -1 && PyErr_Occurred())
+            return NULL;
+        if (max_states <= 0) {
+            PyErr_SetString(PyExc_ValueError, "max_states must be positive");
+            return NULL;
+        }
+    }
+    if (!(empty = PyTuple_New(0)))
+        return NULL;
+    mf_gbuf_init(&b);
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty) == 0)
+        out = mf_py_run_plan(&b, max_states, fuse);
+    mf_gbuf_free(&b);
+    Py_DECREF(empty);
+    return out;
+}
+
+static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ops",     "value_bytes", "order", "groups", "graph_inputs",
+                             "graph_outputs", "aliases", NULL};
+    PyObject *ops, *vb, *order_o, *groups_o = Py_None, *gi = NULL, *go = NULL, *al = NULL;
+    PyObject *empty = NULL, *out = NULL, *seq = NULL;
+    int32_t *order = NULL, *gptr = NULL;
+    int64_t *steps = NULL, *live = NULL, peak = 0;
+    int32_t n_groups = 0;
+    mf_gbuf b;
+    mf_ctx ctx;
+    mf_graph_desc desc;
+    Py_ssize_t i, n;
+    int st;
+    (void)self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
+                                     &go, &al))
+        return NULL;
+    if (!(empty = PyTuple_New(0)))
+        return NULL;
+    mf_gbuf_init(&b);
+    mf_py_ctx_init(&ctx);
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, Py_None, empty) < 0)
+        goto done;
+    mf_gbuf_desc(&b, &desc);
+    if ((st = mf_graph_check(&ctx, &desc)) != MF_OK) {
+        mf_py_raise(&ctx, st);
+        goto done;
+    }
+    order = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(desc.n_ops + 1));
+    gptr = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(desc.n_ops + 2));
+    steps = PyMem_RawMalloc(sizeof(int64_t) * (size_t)(desc.n_ops + 1));
+    live = PyMem_RawMalloc(sizeof(int64_t) * (size_t)(desc.n_ops + 1));
+    if (!order || !gptr || !steps || !live) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (groups_o == Py_None) {
+        if (!(seq = as_seq(order_o, "order")))
+            goto done;
+        n = PySequence_Fast_GET_SIZE(seq);
+        if (n != desc.n_ops) {
+            PyErr_Format(PyExc_ValueError, "order has %zd ops but the graph has %d", n, (int)desc.n_ops);
+            goto done;
+        }
+        for (i = 0; i < n; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "order[%zd]", i);
+            if (get_id(PySequence_Fast_GET_ITEM(seq, i), desc.n_ops, name, &order[i]) < 0)
+                goto done;
+            gptr[i] = (int32_t)i;
+        }
+        gptr[n] = (int32_t)n;
+        n_groups = (int32_t)n;
+    } else {
+        /* groups: a sequence of op-id lists whose concatenation is the order */
+        Py_ssize_t k = 0, g;
+        if (!(seq = as_seq(groups_o, "groups")))
+            goto done;
+        n = PySequence_Fast_GET_SIZE(seq);
+        for (g = 0; g < n; g++) {
+            char name[64];
+            PyObject *grp;
+            Py_ssize_t j, m;
+            snprintf(name, sizeof name, "groups[%zd]", g);
+            if (!(grp = as_seq(PySequence_Fast_GET_ITEM(seq, g), name)))
+                goto done;
+            m = PySequence_Fast_GET_SIZE(grp);
+            gptr[g] = (int32_t)k;
+            for (j = 0; j < m; j++) {
+                char nm[96];
+                snprintf(nm, sizeof nm, "groups[%zd][%zd]", g, j);
+                if (k >= desc.n_ops) {
+                    PyErr_Format(PyExc_ValueError, "groups hold more than the graph's %d ops", (int)desc.n_ops);
+                    Py_DECREF(grp);
+                    goto done;
+                }
+                if (get_id(PySequence_Fast_GET_ITEM(grp, j), desc.n_ops, nm, &order[k++]) < 0) {
+                    Py_DECREF(grp);
+                    goto done;
+                }
+            }
+            Py_DECREF(grp);
+            if (g >= desc.n_ops) {
+                PyErr_SetString(PyExc_ValueError, "more groups than ops");
+                goto done;
+            }
+        }
+        if (k != desc.n_ops) {
+            PyErr_Format(PyExc_ValueError, "groups hold %zd ops but the graph has %d", k, (int)desc.n_ops);
+            goto done;
+        }
+        gptr[n] = (int32_t)k;
+        n_groups = (int32_t)n;
+    }
+    if ((st = mf_simulate(&ctx, &desc, order, gptr, n_groups, &peak, steps, live)) != MF_OK) {
+        mf_py_raise(&ctx, st);
+        goto done;
+    }
+    {
+        PyObject *sl = int64_list(steps, n_groups), *ll = int64_list(live, n_groups);
+        if (sl && ll)
+            out = Py_BuildValue("(LOO)", (long long)peak, sl, ll);
+        Py_XDECREF(sl);
+        Py_XDECREF(ll);
+    }
+done:
+    Py_XDECREF(seq);
+    PyMem_RawFree(order);
+    PyMem_RawFree(gptr);
+    PyMem_RawFree(steps);
+    PyMem_RawFree(live);
+    mf_gbuf_free(&b);
+    Py_DECREF(empty);
+    return out;
+}
+
+static PyMethodDef plan_methods[] = {
+    {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
+     "plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(), "
+     "max_states=None, fuse=True) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
+    {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
+     "simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()) -> "
+     "(peak, step_bytes, live_after)\n\nScore a schedule with the core's cost model."},
+    {NULL, NULL, 0, NULL},
+};
+
+int mf_py_plan_exec(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, plan_methods) < 0)
+        return -1;
+    return PyModule_AddIntConstant(module, "DEFAULT_MAX_STATES", MF_DEFAULT_MAX_STATES);
+}

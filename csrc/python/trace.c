@@ -1,0 +1,624 @@
+/*
+ * trace.c -- read a Thunder trace into a core graph, plan it, regroup it.
+ *
+ * plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids,
+ *            return_ids, effects, fusible, max_states=None, fuse=True)
+ *
+ * Walks the bound symbols of a trace through the C API (bsym.sym.id,
+ * bsym.sym.name, bsym.flat_proxy_args, bsym.flat_proxy_outs, proxy.name,
+ * proxy.shape, proxy.dtype.bytes), builds the graph, plans it with the core
+ * and returns the bound symbols regrouped in the planned order:
+ *
+ *   {"prologue": [bsym...], "groups": [[bsym...]...], "epilogue": [bsym...],
+ *    "plan": {...core plan...}, "graph": {plan() arguments}, "names": [...]}
+ *
+ * Classification (the sets and callables come from thunder_memfuse/_thunder.py,
+ * which knows Thunder's symbols; this file knows none by name):
+ *  - drop_ids (del, clear_mutable_collection): dropped; the Python layer
+ *    re-creates them with Thunder's del_last_used on the new order.
+ *  - prologue_ids (unpack_*) before the first op: kept first, in order; their
+ *    outputs are graph inputs.
+ *  - return_ids: kept last; its proxy arguments are graph outputs.
+ *  - everything else is an op of the graph.
+ *
+ * NOTE [ordering edges]  Dataflow alone does not make a reorder safe.
+ *  - effects(bsym) & MF_EFF_ORDERED (random ops, side effects, item,
+ *    collectives, ops without outputs): all such ops keep their relative
+ *    order (one chain of edges).
+ *  - effects(bsym) & MF_EFF_WRITES (copy_ and other in-place writes): the op
+ *    runs after every earlier reader of the storage of each tensor argument,
+ *    and before every later reader of it (write-after-read, read-after-write).
+ *
+ * NOTE [sizes]  bytes = ceil(numel * dtype.bytes) for tensor proxies (dtype
+ * bytes may be fractional, e.g. fp4), 0 for other proxies.  A dimension that
+ * is not a plain int (symbolic values) raises ValueError("unknown shape"):
+ * the Python layer then returns the trace unchanged with a warning.
+ *
+ * NOTE [views]  A tensor output of an op whose symbol name is in view_names
+ * is an alias of the op's first tensor argument: it shares that storage.
+ */
+#include "mf_py.h"
+#include <math.h>
+#include <string.h>
+
+#define MF_EFF_ORDERED 1
+#define MF_EFF_WRITES 2
+
+typedef struct {
+    PyObject *tensor_type, *view_names, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
+} cfg_t;
+
+/* Per-walk state: name -> value id, per-storage readers (linked lists). */
+typedef struct {
+    mf_gbuf g;
+    PyObject *ids;      /* dict: proxy name -> int value id */
+    PyObject *names;    /* list: value id -> proxy name */
+    int32_t *root;      /* value -> storage root (grows with values) */
+    int32_t *last_writer; /* value (root) -> op or -1 */
+    int32_t *head;      /* root -> first reader entry or -1 */
+    int32_t cap_v;
+    int32_t *rd_op, *rd_next; /* reader entries */
+    int32_t n_rd, cap_rd;
+    int32_t prev_ordered;
+} walk_t;
+
+static int walk_grow_values(walk_t *w, int32_t need)
+{
+    int64_t nc;
+    int32_t *r, *lw, *h;
+    if (need <= w->cap_v)
+        return 0;
+    nc = w->cap_v ? (int64_t)w->cap_v * 2 : 64;
+    while (nc < need)
+        nc *= 2;
+    if (nc > INT32_MAX)
+        return -1;
+    r = PyMem_RawRealloc(w->root, sizeof(int32_t) * (size_t)nc);
+    if (!r)
+        return -1;
+    w->root = r;
+    lw = PyMem_RawRealloc(w->last_writer, sizeof(int32_t) * (size_t)nc);
+    if (!lw)
+        return -1;
+    w->last_writer = lw;
+    h = PyMem_RawRealloc(w->head, sizeof(int32_t) * (size_t)nc);
+    if (!h)
+        return -1;
+    w->head = h;
+    w->cap_v = (int32_t)nc;
+    return 0;
+}
+
+static int add_reader(walk_t *w, int32_t root, int32_t op)
+{
+    if (w->n_rd + 1 > w->cap_rd) {
+        int32_t nc = w->cap_rd ? w->cap_rd * 2 : 256;
+        int32_t *a = PyMem_RawRealloc(w->rd_op, sizeof(int32_t) * (size_t)nc), *b;
+        if (!a)
+            return -1;
+        w->rd_op = a;
+        b = PyMem_RawRealloc(w->rd_next, sizeof(int32_t) * (size_t)nc);
+        if (!b)
+            return -1;
+        w->rd_next = b;
+        w->cap_rd = nc;
+    }
+    w->rd_op[w->n_rd] = op;
+    w->rd_next[w->n_rd] = w->head[root];
+    w->head[root] = w->n_rd++;
+    return 0;
+}
+
+static void walk_free(walk_t *w)
+{
+    mf_gbuf_free(&w->g);
+    Py_XDECREF(w->ids);
+    Py_XDECREF(w->names);
+    PyMem_RawFree(w->root);
+    PyMem_RawFree(w->last_writer);
+    PyMem_RawFree(w->head);
+    PyMem_RawFree(w->rd_op);
+    PyMem_RawFree(w->rd_next);
+}
+
+/* Bytes of a proxy (see NOTE [sizes]); -1 with an exception on failure. */
+static int proxy_bytes(const cfg_t *c, PyObject *p, PyObject *name, int64_t *out)
+{
+    PyObject *shape = NULL, *seq = NULL, *dtype = NULL, *db = NULL;
+    int is_t;
+    double numel = 1.0, per;
+    Py_ssize_t i;
+    int rc = -1;
+
+    *out = 0;
+    if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
+        return -1;
+    if (!is_t)
+        return 0;
+    if (!(shape = PyObject_GetAttrString(p, "shape")))
+        goto done;
+    if (!(seq = PySequence_Fast(shape, "TensorProxy.shape must be a sequence")))
+        goto done;
+    for (i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *d = PySequence_Fast_GET_ITEM(seq, i);
+        long long v;
+        if (!PyLong_CheckExact(d)) {
+            PyErr_Format(PyExc_ValueError, "unknown shape: dimension %zd of %S is %.60s, not an int", i, name,
+                         Py_TYPE(d)->tp_name);
+            goto done;
+        }
+        v = PyLong_AsLongLong(d);
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        if (v < 0) {
+            PyErr_Format(PyExc_ValueError, "unknown shape: dimension %zd of %S is negative", i, name);
+            goto done;
+        }
+        numel *= (double)v;
+    }
+    if (!(dtype = PyObject_GetAttrString(p, "dtype")))
+        goto done;
+    if (!(db = PyObject_GetAttrString(dtype, "bytes")))
+        goto done;
+    per = PyFloat_AsDouble(db);
+    if (per == -1.0 && PyErr_Occurred())
+        goto done;
+    if (!(per >= 0.0) || numel * per > 9.0e18) {
+        PyErr_Format(PyExc_ValueError, "size of %S out of range", name);
+        goto done;
+    }
+    *out = (int64_t)ceil(numel * per);
+    rc = 0;
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(seq);
+    Py_XDECREF(dtype);
+    Py_XDECREF(db);
+    return rc;
+}
+
+/* Value id of a proxy read by an op; unknown names become graph inputs. */
+static int32_t value_of(walk_t *w, const cfg_t *c, PyObject *p, int create_as_input)
+{
+    PyObject *name = PyObject_GetAttrString(p, "name"), *idobj;
+    int32_t v = -1;
+    int64_t bytes;
+    if (!name)
+        return -1;
+    idobj = PyDict_GetItemWithError(w->ids, name); /* borrowed */
+    if (idobj) {
+        v = (int32_t)PyLong_AsLong(idobj);
+        goto done;
+    }
+    if (PyErr_Occurred() || !create_as_input)
+        goto done;
+    if (proxy_bytes(c, p, name, &bytes) < 0)
+        goto done;
+    if ((v = mf_gbuf_add_value(&w->g, bytes, 1)) < 0 || walk_grow_values(w, v + 1) < 0) {
+        PyErr_NoMemory();
+        v = -1;
+        goto done;
+    }
+    w->root[v] = v;
+    w->last_writer[v] = -1;
+    w->head[v] = -1;
+    {
+        PyObject *iv = PyLong_FromLong(v);
+        if (!iv || PyDict_SetItem(w->ids, name, iv) < 0 || PyList_Append(w->names, name) < 0) {
+            Py_XDECREF(iv);
+            v = -1;
+            goto done;
+        }
+        Py_DECREF(iv);
+    }
+done:
+    Py_DECREF(name);
+    return v;
+}
+
+/* A new value produced by op `op`; alias_base >= 0 makes it a view. */
+static int32_t new_value(walk_t *w, const cfg_t *c, PyObject *p, int32_t alias_base)
+{
+    PyObject *name = PyObject_GetAttrString(p, "name"), *iv = NULL;
+    int32_t v = -1;
+    int64_t bytes;
+    if (!name)
+        return -1;
+    if (proxy_bytes(c, p, name, &bytes) < 0)
+        goto done;
+    if ((v = mf_gbuf_add_value(&w->g, bytes, 0)) < 0 || walk_grow_values(w, v + 1) < 0) {
+        PyErr_NoMemory();
+        v = -1;
+        goto done;
+    }
+    w->last_writer[v] = -1;
+    w->head[v] = -1;
+    w->root[v] = v;
+    if (alias_base >= 0) {
+        w->g.alias_of[v] = alias_base;
+        w->root[v] = w->root[alias_base];
+    }
+    if (!(iv = PyLong_FromLong(v)) || PyDict_SetItem(w->ids, name, iv) < 0 || PyList_Append(w->names, name) < 0)
+        v = -1;
+done:
+    Py_XDECREF(iv);
+    Py_DECREF(name);
+    return v;
+}
+
+static int contains(PyObject *set, PyObject *key)
+{
+    int r = PySequence_Contains(set, key);
+    if (r < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) { /* unhashable id: not a member */
+        PyErr_Clear();
+        return 0;
+    }
+    return r;
+}
+
+/* Add one graph op for bsym (index op in ops_list). */
+static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int32_t op)
+{
+    PyObject *args = NULL, *outs = NULL, *r = NULL, *symname = NULL, *argseq = NULL, *outseq = NULL;
+    long flags;
+    int fus, is_view, rc = -1;
+    int32_t first_tensor = -1;
+    Py_ssize_t i;
+
+    if (!(r = PyObject_CallOneArg(c->effects, bsym)))
+        goto done;
+    flags = PyLong_AsLong(r);
+    Py_CLEAR(r);
+    if (flags == -1 && PyErr_Occurred())
+        goto done;
+    if (!(r = PyObject_CallOneArg(c->fusible, bsym)))
+        goto done;
+    if ((fus = PyObject_IsTrue(r)) < 0)
+        goto done;
+    Py_CLEAR(r);
+    if (!(symname = PyObject_GetAttrString(sym, "name")))
+        goto done;
+    if ((is_view = contains(c->view_names, symname)) < 0)
+        goto done;
+    if (!(args = PyObject_GetAttrString(bsym, "flat_proxy_args")) ||
+        !(argseq = PySequence_Fast(args, "flat_proxy_args must be a sequence")))
+        goto done;
+    if (!(outs = PyObject_GetAttrString(bsym, "flat_proxy_outs")) ||
+        !(outseq = PySequence_Fast(outs, "flat_proxy_outs must be a sequence")))
+        goto done;
+    if (PySequence_Fast_GET_SIZE(outseq) == 0)
+        flags |= MF_EFF_ORDERED;
+    if (mf_gbuf_begin_op(&w->g, fus) < 0)
+        goto nomem;
+
+    /* inputs, with read-after-write edges from the storage's last writer */
+    for (i = 0; i < PySequence_Fast_GET_SIZE(argseq); i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(argseq, i);
+        int32_t v = value_of(w, c, p, 1), rt;
+        int is_t;
+        if (v < 0)
+            goto done;
+        if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
+            goto done;
+        if (is_t && first_tensor < 0)
+            first_tensor = v;
+        if (mf_gbuf_op_in(&w->g, v) < 0)
+            goto nomem;
+        rt = w->root[v];
+        if (w->last_writer[rt] >= 0 && w->last_writer[rt] != op && mf_gbuf_after(&w->g, w->last_writer[rt], op) < 0)
+            goto nomem;
+        if (add_reader(w, rt, op) < 0)
+            goto nomem;
+    }
+    /* write-after-read: after every earlier reader of each written storage */
+    if (flags & MF_EFF_WRITES) {
+        for (i = 0; i < PySequence_Fast_GET_SIZE(argseq); i++) {
+            PyObject *p = PySequence_Fast_GET_ITEM(argseq, i);
+            int32_t v = value_of(w, c, p, 0), rt, e;
+            if (v < 0) {
+                if (PyErr_Occurred())
+                    goto done;
+                continue;
+            }
+            rt = w->root[v];
+            for (e = w->head[rt]; e >= 0; e = w->rd_next[e])
+                if (w->rd_op[e] != op && mf_gbuf_after(&w->g, w->rd_op[e], op) < 0)
+                    goto nomem;
+            w->last_writer[rt] = op;
+        }
+    }
+    /* outputs */
+    for (i = 0; i < PySequence_Fast_GET_SIZE(outseq); i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(outseq, i), *name;
+        int32_t v;
+        int is_t, known;
+        if (!(name = PyObject_GetAttrString(p, "name")))
+            goto done;
+        known = PyDict_Contains(w->ids, name);
+        if (known < 0) {
+            Py_DECREF(name);
+            goto done;
+        }
+        if (known) {
+            /* an op returning one of its arguments (an in-place op's result)
+             * introduces no new value; any other repeat is an error */
+            PyObject *idobj = PyDict_GetItemWithError(w->ids, name);
+            int32_t prev = idobj ? (int32_t)PyLong_AsLong(idobj) : -1, k, is_arg = 0;
+            for (k = w->g.in_ptr[op]; k < w->g.n_in; k++)
+                if (w->g.in_idx[k] == prev)
+                    is_arg = 1;
+            if (!is_arg) {
+                PyErr_Format(PyExc_ValueError, "proxy %S is produced twice (second time by %S)", name, symname);
+                Py_DECREF(name);
+                goto done;
+            }
+            Py_DECREF(name);
+            continue;
+        }
+        Py_DECREF(name);
+        if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
+            goto done;
+        v = new_value(w, c, p, (is_view && is_t) ? first_tensor : -1);
+        if (v < 0)
+            goto done;
+        if (mf_gbuf_op_out(&w->g, v) < 0)
+            goto nomem;
+    }
+    if (mf_gbuf_end_op(&w->g) < 0)
+        goto nomem;
+    if (flags & (MF_EFF_ORDERED | MF_EFF_WRITES)) {
+        if (w->prev_ordered >= 0 && mf_gbuf_after(&w->g, w->prev_ordered, op) < 0)
+            goto nomem;
+        w->prev_ordered = op;
+    }
+    rc = 0;
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(symname);
+    Py_XDECREF(args);
+    Py_XDECREF(outs);
+    Py_XDECREF(argseq);
+    Py_XDECREF(outseq);
+    return rc;
+}
+
+/* The graph as plan() keyword arguments (for reports and timelines). */
+static PyObject *graph_dict(const mf_gbuf *g)
+{
+    PyObject *ops = PyList_New(g->n_ops), *vb = PyList_New(g->n_values), *gi = PyList_New(0), *go = PyList_New(0),
+             *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *d = NULL;
+    int32_t i, k;
+    if (!ops || !vb || !gi || !go || !al || !fu || !af)
+        goto done;
+    for (i = 0; i < g->n_ops; i++) {
+        PyObject *ins = PyList_New(g->in_ptr[i + 1] - g->in_ptr[i]), *outs, *t;
+        if (!ins)
+            goto done;
+        for (k = g->in_ptr[i]; k < g->in_ptr[i + 1]; k++)
+            PyList_SET_ITEM(ins, k - g->in_ptr[i], PyLong_FromLong(g->in_idx[k]));
+        if (!(outs = PyList_New(g->out_ptr[i + 1] - g->out_ptr[i]))) {
+            Py_DECREF(ins);
+            goto done;
+        }
+        for (k = g->out_ptr[i]; k < g->out_ptr[i + 1]; k++)
+            PyList_SET_ITEM(outs, k - g->out_ptr[i], PyLong_FromLong(g->out_idx[k]));
+        t = PyTuple_Pack(2, ins, outs);
+        Py_DECREF(ins);
+        Py_DECREF(outs);
+        if (!t)
+            goto done;
+        PyList_SET_ITEM(ops, i, t);
+        PyList_SET_ITEM(fu, i, PyBool_FromLong(g->fusible[i]));
+    }
+    for (i = 0; i < g->n_values; i++) {
+        PyObject *x;
+        PyList_SET_ITEM(vb, i, PyLong_FromLongLong(g->value_bytes[i]));
+        if (g->is_input[i] && ((x = PyLong_FromLong(i)) == NULL || PyList_Append(gi, x) < 0 || (Py_DECREF(x), 0)))
+            goto done;
+        if (g->is_output[i] && ((x = PyLong_FromLong(i)) == NULL || PyList_Append(go, x) < 0 || (Py_DECREF(x), 0)))
+            goto done;
+        if (g->alias_of[i] >= 0) {
+            if (!(x = Py_BuildValue("(ii)", (int)i, (int)g->alias_of[i])) || PyList_Append(al, x) < 0) {
+                Py_XDECREF(x);
+                goto done;
+            }
+            Py_DECREF(x);
+        }
+    }
+    for (i = 0; i < g->n_after; i++) {
+        PyObject *x = Py_BuildValue("(ii)", (int)g->after[2 * i], (int)g->after[2 * i + 1]);
+        if (!x)
+            goto done;
+        PyList_SET_ITEM(af, i, x);
+    }
+    if (PyErr_Occurred())
+        goto done;
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
+                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af);
+done:
+    Py_XDECREF(ops);
+    Py_XDECREF(vb);
+    Py_XDECREF(gi);
+    Py_XDECREF(go);
+    Py_XDECREF(al);
+    Py_XDECREF(fu);
+    Py_XDECREF(af);
+    return d;
+}
+
+static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
+{
+    static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
+                             "effects",    "fusible",     "max_states", "fuse",         NULL};
+    cfg_t c;
+    PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
+    PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
+    int fuse = 1, seen_op = 0;
+    long long max_states = 0;
+    walk_t w;
+    Py_ssize_t i, n;
+    (void)self;
+
+    memset(&w, 0, sizeof w);
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOp:plan_trace", kwlist, &bsyms, &c.tensor_type,
+                                     &c.view_names, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
+                                     &c.fusible, &ms, &fuse))
+        return NULL;
+    if (!c.tensor_type || !c.view_names || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
+        !c.fusible) {
+        PyErr_SetString(PyExc_TypeError, "plan_trace: every classification keyword is required");
+        return NULL;
+    }
+    if (ms != Py_None && (max_states = PyLong_AsLongLong(ms)) == -1 && PyErr_Occurred())
+        return NULL;
+    mf_gbuf_init(&w.g);
+    w.prev_ordered = -1;
+    if (!(w.ids = PyDict_New()) || !(w.names = PyList_New(0)) || !(ops_list = PyList_New(0)) ||
+        !(prologue = PyList_New(0)) || !(epilogue = PyList_New(0)))
+        goto done;
+    if (!(seq = PySequence_Fast(bsyms, "bsyms must be a sequence of bound symbols")))
+        goto done;
+    n = PySequence_Fast_GET_SIZE(seq);
+    for (i = 0; i < n; i++) {
+        PyObject *b = PySequence_Fast_GET_ITEM(seq, i), *sym, *sid;
+        int is;
+        if (!(sym = PyObject_GetAttrString(b, "sym")))
+            goto done;
+        if (!(sid = PyObject_GetAttrString(sym, "id"))) {
+            Py_DECREF(sym);
+            goto done;
+        }
+        if ((is = contains(c.drop_ids, sid)) != 0) {
+            Py_DECREF(sym);
+            Py_DECREF(sid);
+            if (is < 0)
+                goto done;
+            continue;
+        }
+        if ((is = contains(c.return_ids, sid)) != 0) {
+            Py_DECREF(sym);
+            Py_DECREF(sid);
+            if (is < 0 || PyList_Append(epilogue, b) < 0)
+                goto done;
+            continue;
+        }
+        if (PyList_GET_SIZE(epilogue) > 0) {
+            PyErr_Format(PyExc_ValueError, "bound symbol %zd (%S) comes after the return", i, sid);
+            Py_DECREF(sym);
+            Py_DECREF(sid);
+            goto done;
+        }
+        if (!seen_op && (is = contains(c.prologue_ids, sid)) != 0) {
+            PyObject *outs = NULL, *os = NULL;
+            Py_ssize_t k;
+            Py_DECREF(sym);
+            Py_DECREF(sid);
+            if (is < 0 || PyList_Append(prologue, b) < 0)
+                goto done;
+            if (!(outs = PyObject_GetAttrString(b, "flat_proxy_outs")) ||
+                !(os = PySequence_Fast(outs, "flat_proxy_outs must be a sequence"))) {
+                Py_XDECREF(outs);
+                goto done;
+            }
+            for (k = 0; k < PySequence_Fast_GET_SIZE(os); k++)
+                if (value_of(&w, &c, PySequence_Fast_GET_ITEM(os, k), 1) < 0) {
+                    Py_DECREF(outs);
+                    Py_DECREF(os);
+                    goto done;
+                }
+            Py_DECREF(outs);
+            Py_DECREF(os);
+            continue;
+        }
+        Py_DECREF(sid);
+        seen_op = 1;
+        if (add_op(&w, &c, b, sym, (int32_t)PyList_GET_SIZE(ops_list)) < 0 || PyList_Append(ops_list, b) < 0) {
+            Py_DECREF(sym);
+            goto done;
+        }
+        Py_DECREF(sym);
+    }
+    /* graph outputs: what the return reads */
+    for (i = 0; i < PyList_GET_SIZE(epilogue); i++) {
+        PyObject *args = PyObject_GetAttrString(PyList_GET_ITEM(epilogue, i), "flat_proxy_args"), *as;
+        Py_ssize_t k;
+        if (!args)
+            goto done;
+        if (!(as = PySequence_Fast(args, "flat_proxy_args must be a sequence"))) {
+            Py_DECREF(args);
+            goto done;
+        }
+        for (k = 0; k < PySequence_Fast_GET_SIZE(as); k++) {
+            int32_t v = value_of(&w, &c, PySequence_Fast_GET_ITEM(as, k), 1);
+            if (v < 0) {
+                Py_DECREF(args);
+                Py_DECREF(as);
+                goto done;
+            }
+            w.g.is_output[v] = 1;
+        }
+        Py_DECREF(args);
+        Py_DECREF(as);
+    }
+    if (w.g.nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse)))
+        goto done;
+    /* regroup: groups[k] = the bound symbols of the k-th planned group */
+    order = PyDict_GetItemString(plan, "order");
+    gl = PyDict_GetItemString(plan, "groups");
+    if (!order || !gl) {
+        PyErr_SetString(PyExc_RuntimeError, "plan result lacks order/groups");
+        goto done;
+    }
+    if (!(groups = PyList_New(PyList_GET_SIZE(gl))))
+        goto done;
+    for (i = 0; i < PyList_GET_SIZE(gl); i++) {
+        PyObject *ids = PyList_GET_ITEM(gl, i), *bl = PyList_New(PyList_GET_SIZE(ids));
+        Py_ssize_t k;
+        if (!bl)
+            goto done;
+        for (k = 0; k < PyList_GET_SIZE(ids); k++) {
+            long opid = PyLong_AsLong(PyList_GET_ITEM(ids, k));
+            PyObject *b = PyList_GET_ITEM(ops_list, opid);
+            Py_INCREF(b);
+            PyList_SET_ITEM(bl, k, b);
+        }
+        PyList_SET_ITEM(groups, i, bl);
+    }
+    if (!(graph = graph_dict(&w.g)))
+        goto done;
+    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "epilogue", epilogue,
+                        "plan", plan, "graph", graph, "names", w.names);
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(ops_list);
+    Py_XDECREF(prologue);
+    Py_XDECREF(epilogue);
+    Py_XDECREF(plan);
+    Py_XDECREF(groups);
+    Py_XDECREF(graph);
+    walk_free(&w);
+    return out;
+}
+
+static PyMethodDef trace_methods[] = {
+    {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
+     "plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, fusible, "
+     "max_states=None, fuse=True) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
+    {NULL, NULL, 0, NULL},
+};
+
+int mf_py_trace_exec(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, trace_methods) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "EFF_ORDERED", MF_EFF_ORDERED) < 0)
+        return -1;
+    return PyModule_AddIntConstant(module, "EFF_WRITES", MF_EFF_WRITES);
+}

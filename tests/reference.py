@@ -1,0 +1,168 @@
+"""An independent Python reference of the cost model and of the optimum.
+
+Written from shared/DESIGN.md's cost model, separately from the C core, so the
+tests compare two implementations.  Small graphs only.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+
+class Graph:
+    def __init__(self, ops, value_bytes, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=()):
+        self.ops = [(list(i), list(o)) for i, o in ops]
+        self.value_bytes = list(value_bytes)
+        self.inputs = set(graph_inputs)
+        self.outputs = set(graph_outputs)
+        self.alias = dict(aliases)
+        self.fusible = list(fusible) if fusible is not None else [False] * len(ops)
+        self.after = list(after)
+        n = len(self.ops)
+        self.producer = {}
+        for k, (_, outs) in enumerate(self.ops):
+            for v in outs:
+                self.producer[v] = k
+        self.preds = [set() for _ in range(n)]
+        for k, (ins, _) in enumerate(self.ops):
+            for v in ins:
+                if v in self.producer and self.producer[v] != k:
+                    self.preds[k].add(self.producer[v])
+        for a, b in self.after:
+            self.preds[b].add(a)
+
+    def root(self, v):
+        while v in self.alias:
+            v = self.alias[v]
+        return v
+
+    def storages(self):
+        """root -> (bytes or 0 for inputs, producer op, set of reader ops, is_output)"""
+        st = {}
+        for v in range(len(self.value_bytes)):
+            r = self.root(v)
+            st.setdefault(r, {"readers": set(), "output": False})
+        for k, (ins, _) in enumerate(self.ops):
+            for v in ins:
+                st[self.root(v)]["readers"].add(k)
+        for v in self.outputs:
+            st[self.root(v)]["output"] = True
+        for r, s in st.items():
+            s["counted"] = r not in self.inputs
+            s["bytes"] = self.value_bytes[r] if s["counted"] else 0
+            s["producer"] = self.producer.get(r)
+        return st
+
+    def simulate(self, order, groups=None):
+        """Peak of `order` where groups (list of lists, concatenating to order) fuse."""
+        if groups is None:
+            groups = [[k] for k in order]
+        st = self.storages()
+        pos = {}
+        for gi, g in enumerate(groups):
+            for k in g:
+                pos[k] = gi
+        live = 0
+        peak = 0
+        for gi, g in enumerate(groups):
+            gset = set(g)
+            freed = 0
+            for s in st.values():
+                if not s["counted"] or s["producer"] not in gset:
+                    continue
+                if len(g) == 1 or s["output"] or any(rd not in gset for rd in s["readers"]):
+                    live += s["bytes"]  # materialized: allocated while the step runs
+            peak = max(peak, live)
+            for s in st.values():
+                if not s["counted"] or s["producer"] is None or s["output"] or pos[s["producer"]] > gi:
+                    continue
+                materialized = (s["producer"] not in gset or len(g) == 1
+                                or any(rd not in gset for rd in s["readers"]))
+                last = max((pos[rd] for rd in s["readers"]), default=pos[s["producer"]])
+                if materialized and last == gi:
+                    freed += s["bytes"]
+            live -= freed
+        return peak
+
+    def valid(self, order):
+        seen = set()
+        for k in order:
+            if not self.preds[k] <= seen:
+                return False
+            seen.add(k)
+        return len(seen) == len(self.ops) == len(order)
+
+    def min_peak(self):
+        """Exact optimum by exhaustive search over downward-closed sets."""
+        n = len(self.ops)
+        best = {0: 0}
+        pred_mask = [sum(1 << p for p in self.preds[k]) for k in range(n)]
+        st = self.storages()
+        # live bytes after a set S ran
+        def live(mask):
+            tot = 0
+            for r, s in st.items():
+                if not s["counted"] or s["producer"] is None or not (mask >> s["producer"]) & 1:
+                    continue
+                if s["output"] or any(not (mask >> rd) & 1 for rd in s["readers"]):
+                    tot += s["bytes"]
+            return tot
+        def alloc(k):
+            return sum(s["bytes"] for s in st.values() if s["counted"] and s["producer"] == k)
+        frontier = {0}
+        for _ in range(n):
+            nxt = set()
+            for mask in frontier:
+                lv = live(mask)
+                for k in range(n):
+                    if (mask >> k) & 1 or (pred_mask[k] & mask) != pred_mask[k]:
+                        continue
+                    m2 = mask | (1 << k)
+                    val = max(best[mask], lv + alloc(k))
+                    if val < best.get(m2, float("inf")):
+                        best[m2] = val
+                    nxt.add(m2)
+            frontier = nxt
+        return best.get((1 << n) - 1)
+
+    def all_orders(self):
+        for perm in itertools.permutations(range(len(self.ops))):
+            if self.valid(perm):
+                yield list(perm)
+
+
+def random_graph(rng: random.Random, max_ops=12, allow_after=True):
+    n_ops = rng.randint(1, max_ops)
+    n_inputs = rng.randint(0, 3)
+    value_bytes = []
+    graph_inputs = list(range(n_inputs))
+    for _ in range(n_inputs):
+        value_bytes.append(rng.choice([0, 4, 8, 16, 64, 100]))
+    ops = []
+    aliases = []
+    for k in range(n_ops):
+        avail = list(range(len(value_bytes)))
+        ins = rng.sample(avail, k=min(len(avail), rng.choice([0, 1, 1, 2, 2, 3])))
+        outs = []
+        for _ in range(rng.choice([1, 1, 1, 2]) if rng.random() > 0.05 else 0):
+            v = len(value_bytes)
+            value_bytes.append(rng.choice([0, 1, 8, 16, 32, 48, 64, 128, 256]))
+            outs.append(v)
+            if ins and rng.random() < 0.15:
+                aliases.append((v, rng.choice(ins)))
+        ops.append((ins, outs))
+    produced = [v for _, outs in ops for v in outs]
+    graph_outputs = [v for v in produced if rng.random() < 0.15]
+    fusible = [rng.random() < 0.6 for _ in range(n_ops)]
+    after = []
+    if allow_after:
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            a, b = sorted(rng.sample(range(n_ops), 2)) if n_ops >= 2 else (0, 0)
+            if a != b:
+                after.append((a, b))
+    return dict(ops=ops, value_bytes=value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+                aliases=aliases, fusible=fusible, after=after)
+
+
+MIB = 1 << 20
+SEED_BYTES = 256 * 256 * 4

@@ -1,0 +1,259 @@
+"""memfuse inside Thunder, end to end on CPU."""
+import warnings
+
+import pytest
+import torch
+import thunder
+from torch.utils.checkpoint import checkpoint
+
+import thunder_memfuse as tm
+from thunder_memfuse import MemFuse, memfuse
+from thunder_memfuse.baseline import elementwise_dataflow_executor
+from thunder_memfuse.measure import cpu_peak_bytes, trace_peak_bytes
+from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func
+
+MIB = 1 << 20
+TENSOR = 256 * 256 * 4
+
+
+def _seed_inputs(n=10, size=256):
+    torch.manual_seed(0)
+    return [torch.randn(size, size) for _ in range(n)], torch.randn(size, size)
+
+
+def _memfuse_trace(jf):
+    tr = thunder.last_traces(jf)[-1]
+    for t in reversed(thunder.last_traces(jf)):
+        if getattr(t, "_memfuse_info", None):
+            return tr, t
+    raise AssertionError("memfuse did not transform the trace")
+
+
+@pytest.mark.parametrize("fn", [memory_peak_efficient_func, memory_peak_inefficient_func])
+def test_seed_peak_is_three_quarters_mib(fn):
+    t0s, a = _seed_inputs()
+    jf = thunder.jit(fn, transforms=[MemFuse()])
+    out = jf(list(t0s), a)
+    torch.testing.assert_close(out, fn(list(t0s), a), rtol=1e-4, atol=1e-3)
+    final, ours = _memfuse_trace(jf)
+    assert ours._memfuse_info["plan"]["unfused_peak_bytes"] == 3 * TENSOR
+    assert ours._memfuse_info["plan"]["optimal"]
+    # Thunder's own estimator on the final trace agrees
+    assert trace_peak_bytes(final) == 3 * TENSOR
+    # and so do real CPU allocations, within one tensor
+    peak, _ = cpu_peak_bytes(jf, list(t0s), a)
+    assert abs(peak - 3 * TENSOR) <= TENSOR
+
+
+def test_dataflow_baseline_reproduces_the_problem():
+    t0s, a = _seed_inputs()
+    fn = memory_peak_efficient_func
+    jd = thunder.jit(fn, executors=[elementwise_dataflow_executor()], fusion_type="dataflow")
+    jd(list(t0s), a)
+    base_peak, out = cpu_peak_bytes(jd, list(t0s), a)
+    torch.testing.assert_close(out, fn(list(t0s), a), rtol=1e-4, atol=1e-3)
+    jm = thunder.jit(fn, transforms=[MemFuse()])
+    jm(list(t0s), a)
+    ours, _ = cpu_peak_bytes(jm, list(t0s), a)
+    assert base_peak >= 2 * MIB  # the horizontal fusion keeps every path's relu alive
+    assert ours < base_peak
+
+
+def _blk(x, w):
+    return torch.nn.functional.gelu(x @ w).sin().cos()
+
+
+def _ckpt(x, w):
+    return checkpoint(_blk, x, w, use_reentrant=False).sum()
+
+
+def test_checkpointed_backward_matches_and_is_planned():
+    torch.manual_seed(0)
+    x = torch.randn(32, 32, requires_grad=True)
+    w = torch.randn(32, 32, requires_grad=True)
+    jf = thunder.jit(_ckpt, transforms=[MemFuse()])
+    y = jf(x, w)
+    y.backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    y_ref = _ckpt(x, w)
+    y_ref.backward()
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-5)
+    bw = thunder.last_backward_traces(jf)[-1]
+    info = bw._memfuse_info
+    assert info["trace"] == "backward"
+    assert info["plan"]["peak_bytes"] <= info["plan"]["baseline_peak_bytes"]
+
+
+def test_module_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
+    ref.load_state_dict(model.state_dict())
+    jm = thunder.jit(model, transforms=[MemFuse()])
+    x = torch.randn(4, 16)
+    out = jm(x)
+    out.sum().backward()
+    ref(x).sum().backward()
+    torch.testing.assert_close(out, ref(x))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def _elementwise_chain(x, y):
+    a = torch.sin(x) * 2 + y
+    b = torch.exp(-a.abs())
+    return (b * b).sum(), torch.where(a > 0, a, b)
+
+
+def test_fusion_regions_run_on_cpu_fallback_bitwise():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    plain = thunder.jit(_elementwise_chain)
+    fused = thunder.jit(_elementwise_chain, transforms=[MemFuse()])
+    for a, b in zip(plain(x, y), fused(x, y)):
+        assert torch.equal(a, b)
+
+
+def test_memfuse_instance_is_reusable_across_jits():
+    t0s, a = _seed_inputs(n=3, size=32)
+    j1 = thunder.jit(memory_peak_efficient_func, transforms=[memfuse])
+    j2 = thunder.jit(memory_peak_inefficient_func, transforms=[memfuse])
+    torch.testing.assert_close(j1(list(t0s), a), memory_peak_efficient_func(list(t0s), a))
+    torch.testing.assert_close(j2(list(t0s), a), memory_peak_inefficient_func(list(t0s), a))
+
+
+# ---- edge cases: never wrong, never fatal ------------------------------------------------------
+
+
+def _run_both(fn, *args, **jit_kw):
+    plain = thunder.jit(fn, **jit_kw)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ours = thunder.jit(fn, transforms=[MemFuse()], **jit_kw)
+        got = ours(*args)
+    return plain(*args), got, [w for w in rec if issubclass(w.category, RuntimeWarning)], ours
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b, equal_nan=True)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+def test_zero_size_tensors():
+    x = torch.randn(0, 4)
+    ref, got, warns, _ = _run_both(lambda t: (t.relu() * 2).sum(0), x)
+    _same(ref, got)
+    assert not warns
+
+
+def test_inplace_copy_keeps_write_order():
+    def f(x, buf):
+        y = buf * 2  # reads buf before the write
+        buf.copy_(x + 1)
+        return y + buf
+
+    x = torch.randn(8)
+    b1, b2 = torch.randn(8), None
+    b2 = b1.clone()
+    ref = thunder.jit(f)(x, b1)
+    got = thunder.jit(f, transforms=[MemFuse()])(x, b2)
+    torch.testing.assert_close(ref, got)
+    torch.testing.assert_close(b1, b2)
+
+
+def test_dropout_random_order_kept():
+    def f(x):
+        a = torch.nn.functional.dropout(x, 0.5)
+        b = torch.nn.functional.dropout(x * 2, 0.5)
+        return a + b
+
+    x = torch.randn(128)
+    torch.manual_seed(123)
+    ref = thunder.jit(f)(x)
+    torch.manual_seed(123)
+    got = thunder.jit(f, transforms=[MemFuse()])(x)
+    torch.testing.assert_close(ref, got)
+
+
+def test_views_and_int_bool_and_non_tensor_outputs():
+    def f(x, i):
+        v = x.view(4, 4).t()
+        m = i > 2
+        return v.sum(), (i * 3).to(torch.int32), m, x.shape[0], torch.where(m, i, 0)
+
+    x = torch.randn(16)
+    i = torch.arange(16)
+    ref, got, warns, _ = _run_both(f, x, i)
+    _same(ref, got)
+    assert not warns
+
+
+def test_empty_function():
+    def f():
+        return None
+
+    ref, got, warns, _ = _run_both(f)
+    assert ref is None and got is None
+
+
+def test_symbolic_values_never_fatal():
+    def f(x):
+        return (x.relu() * 2).sum()
+
+    x = torch.randn(8, 4)
+    ref, got, warns, _ = _run_both(f, x, cache="symbolic values")
+    torch.testing.assert_close(ref, got)
+    x2 = torch.randn(5, 4)
+    torch.testing.assert_close(thunder.jit(f, cache="symbolic values")(x2),
+                               thunder.jit(f, transforms=[MemFuse()], cache="symbolic values")(x2))
+
+
+class _Boom(Exception):
+    pass
+
+
+def test_internal_failure_warns_and_keeps_trace(monkeypatch):
+    from thunder_memfuse import _thunder
+
+    def broken(*a, **k):
+        raise _Boom("injected")
+
+    monkeypatch.setattr(_thunder, "plan_trace", broken)
+    x = torch.randn(4)
+    with pytest.warns(RuntimeWarning, match="injected"):
+        out = thunder.jit(lambda t: t.sin() + 1, transforms=[MemFuse()])(x)
+    torch.testing.assert_close(out, x.sin() + 1)
+    with pytest.raises(Exception, match="injected"):
+        thunder.jit(lambda t: t.sin() + 2, transforms=[MemFuse(strict=True)])(x)
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="backend"):
+        MemFuse(backend="tpu")
+    with pytest.raises(ValueError, match="max_states"):
+        MemFuse(max_states=0)
+
+
+def test_report_and_timeline(tmp_path):
+    t0s, a = _seed_inputs(n=10, size=64)
+    jf = thunder.jit(memory_peak_inefficient_func, transforms=[MemFuse()])
+    jf(list(t0s), a)
+    rep = tm.report(jf)
+    fwd = rep["forward"]
+    assert fwd["peak_after_bytes"] == 3 * 64 * 64 * 4
+    assert fwd["peak_before_bytes"] > fwd["peak_after_bytes"]
+    assert fwd["optimal"] is True
+    assert fwd["largest_live_at_peak"] and all(b > 0 for _, b in fwd["largest_live_at_peak"])
+    png = tmp_path / "timeline.png"
+    tm.plot_timeline(jf, str(png))
+    assert png.stat().st_size > 1000

@@ -1,0 +1,171 @@
+"""thunder_memfuse.plan(): the C core against an independent reference."""
+import random
+
+import pytest
+
+import thunder_memfuse as tm
+from reference import MIB, SEED_BYTES, Graph, random_graph
+from thunder_memfuse.seed import seed_graph_spec
+
+
+def seed_graph(efficient):
+    return seed_graph_spec(efficient)[0]
+
+
+def _check_plan_properties(g: Graph, spec, p):
+    n = len(spec["ops"])
+    assert sorted(p.order) == list(range(n))
+    assert g.valid(p.order), "order must be topological and respect `after`"
+    # groups: consecutive runs of the order, only fusible ops in multi-op groups
+    flat = [k for grp in p.groups for k in grp]
+    assert flat == p.order
+    for grp in p.groups:
+        assert len(grp) >= 1
+        if len(grp) > 1:
+            assert all(spec["fusible"][k] for k in grp)
+    assert p.peak_bytes <= p.unfused_peak_bytes <= p.baseline_peak_bytes
+    # every figure agrees with the reference simulator
+    assert p.unfused_peak_bytes == g.simulate(p.order)
+    assert p.peak_bytes == g.simulate(p.order, p.groups)
+    assert p.baseline_peak_bytes == g.simulate(list(range(n)))
+    assert p.lower_bound_bytes <= p.unfused_peak_bytes
+
+
+def test_random_dags_are_optimal_against_brute_force():
+    rng = random.Random(1234)
+    n_graphs = 1000
+    for i in range(n_graphs):
+        spec = random_graph(rng, max_ops=12)
+        g = Graph(**spec)
+        p = tm.plan(**spec)
+        _check_plan_properties(g, spec, p)
+        assert p.optimal, f"graph {i}: not proven optimal at the default cap: {spec}"
+        assert p.unfused_peak_bytes == g.min_peak(), f"graph {i}: {spec}"
+
+
+def test_small_dags_against_every_order():
+    """The subset search in the reference is itself checked by enumerating orders."""
+    rng = random.Random(99)
+    for _ in range(150):
+        spec = random_graph(rng, max_ops=6)
+        g = Graph(**spec)
+        best = min(g.simulate(o) for o in g.all_orders())
+        assert g.min_peak() == best
+        assert tm.plan(**spec).unfused_peak_bytes == best
+
+
+def test_fusion_grouping_is_least_peak_then_fewest_groups():
+    rng = random.Random(7)
+    for _ in range(300):
+        spec = random_graph(rng, max_ops=7)
+        g = Graph(**spec)
+        p = tm.plan(**spec)
+        order = p.order
+        # all groupings of this order into runs of fusible ops
+        best = None
+        n = len(order)
+        for cuts in range(1 << max(n - 1, 0)):
+            groups, cur = [], [order[0]]
+            for j in range(1, n):
+                if (cuts >> (j - 1)) & 1:
+                    groups.append(cur)
+                    cur = [order[j]]
+                else:
+                    cur.append(order[j])
+            groups.append(cur)
+            if any(len(gr) > 1 and not all(spec["fusible"][k] for k in gr) for gr in groups):
+                continue
+            key = (g.simulate(order, groups), len(groups))
+            best = key if best is None or key < best else best
+        assert (p.peak_bytes, len(p.groups)) == best
+
+
+def test_simulate_matches_reference():
+    rng = random.Random(5)
+    for _ in range(200):
+        spec = random_graph(rng, max_ops=8)
+        g = Graph(**spec)
+        order = list(range(len(spec["ops"])))
+        peak, steps, live = tm.simulate(spec["ops"], spec["value_bytes"], order,
+                                        graph_inputs=spec["graph_inputs"], graph_outputs=spec["graph_outputs"],
+                                        aliases=spec["aliases"])
+        assert peak == g.simulate(order) == max(steps, default=0)
+        assert len(steps) == len(live) == len(order)
+        assert all(lv <= st for lv, st in zip(live, steps))
+
+
+@pytest.mark.parametrize("efficient", [True, False])
+def test_seed_graph(efficient):
+    spec = seed_graph(efficient)
+    p = tm.plan(**spec)
+    assert p.unfused_peak_bytes == 786432 == 3 * SEED_BYTES
+    assert p.peak_bytes == 786432
+    assert p.optimal
+    g = Graph(**spec)
+    assert g.valid(p.order)
+    if efficient:
+        assert p.baseline_peak_bytes == 786432
+    else:
+        assert p.baseline_peak_bytes > 786432
+        assert p.baseline_peak_bytes == g.simulate(list(range(len(spec["ops"]))))
+
+
+def test_seed_plans_agree_between_the_two_functions():
+    pe, pi = tm.plan(**seed_graph(True)), tm.plan(**seed_graph(False))
+    assert pe.unfused_peak_bytes == pi.unfused_peak_bytes == 0.75 * MIB
+
+
+def test_views_share_storage_and_inputs_are_free():
+    # x (input) -> v = view(x) -> y = f(v) (output)
+    p = tm.plan([([0], [1]), ([1], [2])], [100, 100, 10], graph_inputs=[0], graph_outputs=[2], aliases=[(1, 0)])
+    assert p.unfused_peak_bytes == 10
+    # view of a produced value keeps its base alive until the view's last use
+    ops = [([0], [1]), ([1], [2]), ([2], [3])]
+    p = tm.plan(ops, [0, 50, 50, 7], graph_inputs=[0], graph_outputs=[3], aliases=[(2, 1)])
+    assert p.unfused_peak_bytes == 57
+
+
+def test_after_edges_are_respected():
+    ops = [([], [0]), ([], [1])]
+    p = tm.plan(ops, [10, 10], graph_outputs=[0, 1], after=[(1, 0)])
+    assert p.order == [1, 0]
+
+
+def test_max_states_cap_still_returns_a_valid_plan():
+    spec = random_graph(random.Random(3), max_ops=12)
+    p = tm.plan(**spec, max_states=1)
+    g = Graph(**spec)
+    assert g.valid(p.order)
+    assert p.unfused_peak_bytes <= p.baseline_peak_bytes
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (dict(ops=[([], [0]), ([], [0])], value_bytes=[4]), ValueError, "produced by op 0 and op 1"),
+        (dict(ops=[([1], [0])], value_bytes=[4, 4]), ValueError, "value 1"),
+        (dict(ops=[([5], [0])], value_bytes=[4]), ValueError, "out of range"),
+        (dict(ops=[([], [0])], value_bytes=[-4]), ValueError, "value_bytes[0]"),
+        (dict(ops=[([], [0]), ([], [1])], value_bytes=[1, 1], after=[(0, 1), (1, 0)]), ValueError, "cycle"),
+        (dict(ops=[([], [0])], value_bytes=[1], after=[(0, 0)]), ValueError, "cycle"),
+        (dict(ops=[([], [0])], value_bytes=["4"]), TypeError, "value_bytes[0]"),
+        (dict(ops=[(["a"], [0])], value_bytes=[4]), TypeError, "ops[0][0] (inputs)[0]"),
+        (dict(ops=[3], value_bytes=[4]), TypeError, "ops[0]"),
+        (dict(ops=[([], [0], [])], value_bytes=[4]), ValueError, "ops[0]"),
+        (dict(ops=[([], [0])], value_bytes=[4], fusible=[True, False]), ValueError, "fusible"),
+        (dict(ops=[([], [0])], value_bytes=[4], graph_inputs=[0]), ValueError, "input"),
+        (dict(ops=[([], [0])], value_bytes=[4], aliases=[(0, 0)]), ValueError, "view of itself"),
+        (dict(ops=[([], [0])], value_bytes=[4], graph_outputs=[9]), ValueError, "graph_outputs[0]"),
+        (dict(ops=None, value_bytes=[4]), TypeError, "ops"),
+        (dict(ops=[([], [0])], value_bytes=[4], max_states=0), ValueError, "max_states"),
+    ],
+)
+def test_bad_input_is_named(kwargs, exc, words):
+    with pytest.raises(exc) as ei:
+        tm.plan(**kwargs)
+    assert words in str(ei.value)
+
+
+def test_empty_graph():
+    p = tm.plan([], [])
+    assert p.order == [] and p.groups == [] and p.peak_bytes == 0 and p.optimal

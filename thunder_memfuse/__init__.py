@@ -1,0 +1,37 @@
+"""thunder_memfuse: a memory-aware fusion pass for Lightning Thunder.
+
+    import thunder
+    from thunder_memfuse import memfuse
+    jfn = thunder.jit(fn, transforms=[memfuse])
+
+`plan()` gives direct access to the C scheduler for graphs of your own.
+Thunder-dependent names (memfuse, MemFuse, report, plot_timeline) are loaded
+lazily, so `plan()` works without importing Thunder.
+"""
+import _thunder_memfuse_boot
+
+_thunder_memfuse_boot.apply()
+
+from ._plan import Plan, plan, simulate  # noqa: E402
+
+__all__ = ["Plan", "plan", "simulate", "memfuse", "MemFuse", "report", "plot_timeline", "cuda_status"]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "memfuse": ("thunder_memfuse.transform", "memfuse"),
+    "MemFuse": ("thunder_memfuse.transform", "MemFuse"),
+    "report": ("thunder_memfuse.report", "report"),
+    "plot_timeline": ("thunder_memfuse.report", "plot_timeline"),
+    "cuda_status": ("thunder_memfuse.kernels", "cuda_status"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'thunder_memfuse' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""Python face of the C scheduler: plan() and simulate() on plain graphs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import _C
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The result of :func:`plan`.
+
+    order: op ids in the planned order.  groups: lists of op ids, each a run of
+    consecutive ops of `order` (a fusion region, or a single op).
+    peak_bytes: simulated peak of `order` with `groups`; unfused_peak_bytes:
+    `order` with every op alone; baseline_peak_bytes: ops 0..n-1, every op
+    alone; lower_bound_bytes: no valid order can go below it.  optimal: the
+    unfused order is proven minimal over all valid orders.  states: DP states
+    explored; method: which part of the algorithm ladder produced the order.
+    """
+
+    order: list
+    groups: list
+    peak_bytes: int
+    unfused_peak_bytes: int
+    baseline_peak_bytes: int
+    lower_bound_bytes: int
+    optimal: bool
+    states: int
+    method: str = field(default="")
+
+
+def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(),
+         max_states=None, fuse=True) -> Plan:
+    """Plan the order and fusion grouping of a graph with the least peak bytes.
+
+    ops: sequence of (input value ids, output value ids); op i is ops[i].
+    value_bytes: byte size per value id.  Every value is produced by exactly
+    one op or listed in graph_inputs.  aliases: pairs (view, base), the view
+    shares the base's storage.  fusible: one bool per op (default: nothing
+    fusible).  after: pairs (a, b): op a must run before op b.
+    Bad input raises ValueError or TypeError naming the problem.
+    """
+    d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
+                fusible=fusible, after=after, max_states=max_states, fuse=fuse)
+    return Plan(**d)
+
+
+def simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()):
+    """Score a schedule with the core's cost model.
+
+    Returns (peak_bytes, step_bytes, live_after): the peak, the memory while
+    each step (op or group) runs, and the live bytes after each step.
+    """
+    return _C.simulate(ops, value_bytes, order, groups, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+                       aliases=aliases)

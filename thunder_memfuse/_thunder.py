@@ -1,0 +1,99 @@
+"""What thunder_memfuse knows about Thunder's symbols.
+
+The C trace reader (csrc/python/trace.c) knows no symbol by name; this module
+gives it the sets and predicates it classifies bound symbols with.  Everything
+here is read from Thunder itself (prims.PrimIDs, OpTags, ltorch's view tables)
+so it follows the installed Thunder.
+"""
+from __future__ import annotations
+
+import functools
+
+import thunder.torch as ltorch
+from thunder.core import prims
+from thunder.core.prims import OpTags, PrimIDs
+from thunder.core.proxies import FutureTensorProxy, TensorProxy
+from thunder.core.symbol import gather_tags
+
+from . import _C
+
+# Dropped by the reader and re-created by del_last_used on the new order.
+DROP_IDS = frozenset({PrimIDs.DEL, "clear_mutable_collection", PrimIDs.COMMENT})
+# Kept first when they lead the trace (the prologue); their outputs are graph inputs.
+PROLOGUE_IDS = frozenset(getattr(PrimIDs, n) for n in dir(PrimIDs) if n.startswith("UNPACK"))
+RETURN_IDS = frozenset({PrimIDs.RETURN})
+
+# NOTE [view names]: a tensor output of these symbols shares its first tensor
+# argument's storage.  `to` and `contiguous` are left out: they allocate unless
+# they are no-ops, and counting an allocation that does not happen only makes
+# the plan conservative.
+_MAY_COPY = {"to", "contiguous", "type_as"}
+VIEW_NAMES = frozenset(
+    {s.name for s in ltorch._syms_returning_views | ltorch._syms_that_may_return_views if s.name not in _MAY_COPY}
+    | {"broadcast_in_dim", "reshape", "transpose", "squeeze", "slice", "slice_prim", "view", "shallow_copy",
+       "expand", "permute", "unsqueeze", "flatten", "split", "chunk", "getitem", "select"}
+)
+
+_ORDER_TAGS = frozenset(
+    {OpTags.RANDOM_OP, OpTags.DONT_DCE, OpTags.DEVICE_SYNC_OP, OpTags.IN_PLACE, OpTags.CTX_MANAGER_ENTER_EXIT_OP}
+)
+_WRITE_TAGS = frozenset({OpTags.IN_PLACE, OpTags.DONT_DCE})
+_WRITE_IDS = frozenset({PrimIDs.COPY_, PrimIDs.COPY_WITH_SETITEM})
+
+
+def _ids(bsym):
+    yield bsym.sym.id
+    for s in bsym.subsymbols:
+        yield from _ids(s)
+
+
+def effects(bsym) -> int:
+    """Ordering flags of a bound symbol (csrc/python/trace.c NOTE [ordering edges])."""
+    tags = gather_tags(bsym)
+    flags = 0
+    ids = set(_ids(bsym))
+    if not _ORDER_TAGS.isdisjoint(tags) or PrimIDs.ITEM in ids or _is_collective(bsym):
+        flags |= _C.EFF_ORDERED
+    if not _WRITE_TAGS.isdisjoint(tags) or not _WRITE_IDS.isdisjoint(ids):
+        flags |= _C.EFF_WRITES
+    return flags
+
+
+def _is_collective(bsym) -> bool:
+    mod = getattr(bsym.sym, "module", None)
+    modname = getattr(mod, "__name__", "") or ""
+    if "distributed" in modname or "distributed" in str(bsym.sym.id):
+        return True
+    return any(isinstance(o, FutureTensorProxy) for o in bsym.flat_proxy_outs)
+
+
+@functools.lru_cache(maxsize=1)
+def _fusible_predicate():
+    try:
+        from .kernels import fusible_bsym
+    except Exception:  # the code generator is unavailable: nothing is fusible
+        return lambda bsym: False
+    return fusible_bsym
+
+
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None):
+    """Run the C trace reader and planner on a list of bound symbols."""
+    return _C.plan_trace(
+        bsyms,
+        tensor_type=TensorProxy,
+        view_names=VIEW_NAMES,
+        prologue_ids=PROLOGUE_IDS,
+        drop_ids=DROP_IDS,
+        return_ids=RETURN_IDS,
+        effects=effects,
+        fusible=fusible or _fusible_predicate(),
+        max_states=max_states,
+        fuse=fuse,
+    )
+
+
+def is_fusion_bsym(bsym) -> bool:
+    return bool(getattr(bsym.sym, "is_fusion", False))
+
+
+__all__ = ["plan_trace", "effects", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS", "prims"]

@@ -1,0 +1,95 @@
+"""Peak-memory measurements used by the seed job, benchmarks and tests.
+
+- cpu_peak_bytes(fn, *args): the peak of real CPU allocations during one call,
+  above what was live before it, from torch.profiler's allocation events
+  (each carries its size; the running sum's maximum is the peak).
+- cuda_peak_bytes(fn, *args): torch.cuda.max_memory_allocated around one call,
+  exactly as shared/SEED.md measures (warm-up, gc, empty_cache, reset).
+- trace_peak_bytes(trace): Thunder's own estimator on a final trace
+  (thunder.examine.memory_calculation.get_alloc_memory), minus the arguments
+  it counts, so that it is the peak above the inputs.
+"""
+from __future__ import annotations
+
+import gc
+
+
+def cpu_peak_bytes(fn, *args, **kwargs):
+    """(peak bytes above the live set at the call, result) for one call of fn on CPU."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn(*args, **kwargs)
+    sizes = []
+
+    def walk(node):
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+        for c in node.children:
+            walk(c)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    sizes.sort(key=lambda t: t[0])
+    cur = peak = 0
+    for _, s in sizes:
+        cur += s
+        peak = max(peak, cur)
+    return peak, out
+
+
+def cuda_peak_bytes(fn, *args, warmup=True, **kwargs):
+    import torch
+
+    if warmup:
+        fn(*args, **kwargs)
+    gc.collect(0)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    out = fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, out
+
+
+def trace_peak_bytes(trace):
+    """Thunder's estimate of a trace's peak, above the memory of its arguments."""
+    from thunder.core.proxies import TensorProxy
+    from thunder.examine.memory_calculation import get_alloc_memory
+
+    peak, _ = get_alloc_memory(trace)
+    args_bytes = 0
+    seen = set()
+    for bsym in trace.bound_symbols:
+        if bsym.sym.name != "unpack_trivial":
+            continue
+        for o in bsym.flat_proxy_outs:
+            if isinstance(o, TensorProxy) and o.name not in seen:
+                seen.add(o.name)
+                args_bytes += _tensor_bytes(o)
+    for a in trace.args:
+        for p in _flatten(a):
+            if isinstance(p, TensorProxy) and p.name not in seen:
+                seen.add(p.name)
+                args_bytes += _tensor_bytes(p)
+    return peak - args_bytes
+
+
+def _flatten(x):
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flatten(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _flatten(y)
+    else:
+        yield x
+
+
+def _tensor_bytes(p):
+    n = 1
+    for d in p.shape:
+        n *= int(d)
+    return int(n * p.dtype.bytes)

@@ -1,0 +1,142 @@
+"""What memfuse did to a jitted function: report() and plot_timeline().
+
+Both read the `_memfuse_info` memfuse leaves on each trace it returns (the
+plan and the graph it planned), and score schedules with the C core's
+simulator (thunder_memfuse.simulate), so the figures are the planner's own.
+"""
+from __future__ import annotations
+
+from . import _plan
+
+
+def _memfuse_traces(jfn):
+    import thunder
+
+    out = {}
+    for kind, getter in (("forward", thunder.last_traces), ("backward", thunder.last_backward_traces)):
+        try:
+            traces = getter(jfn) or []
+        except Exception:
+            traces = []
+        for t in reversed(traces):
+            info = getattr(t, "_memfuse_info", None)
+            if info is not None:
+                out[kind] = info
+                break
+    return out
+
+
+def _schedules(info):
+    g = info["graph"]
+    plan = info["plan"]
+    n = len(g["ops"])
+    kw = dict(graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], aliases=g["aliases"])
+    before = _plan.simulate(g["ops"], g["value_bytes"], list(range(n)), **kw)
+    after = _plan.simulate(g["ops"], g["value_bytes"], plan["order"], plan["groups"], **kw)
+    return before, after
+
+
+def _largest_live_at_peak(info, step_bytes, top=5):
+    """The largest storages live while the peak step runs (name, bytes)."""
+    g, plan, names = info["graph"], info["plan"], info["names"]
+    if not step_bytes:
+        return []
+    peak_step = max(range(len(step_bytes)), key=step_bytes.__getitem__)
+    alias = dict(g["aliases"])
+
+    def root(v):
+        while v in alias:
+            v = alias[v]
+        return v
+
+    pos = {}
+    for gi, grp in enumerate(plan["groups"]):
+        for k in grp:
+            pos[k] = gi
+    first, last = {}, {}
+    for k, (ins, outs) in enumerate(g["ops"]):
+        for v in outs:
+            first.setdefault(root(v), pos[k])
+        for v in ins:
+            r = root(v)
+            last[r] = max(last.get(r, -1), pos[k])
+    inputs, outputs = set(g["graph_inputs"]), {root(v) for v in g["graph_outputs"]}
+    live = []
+    for r, start in first.items():
+        if r in inputs or g["value_bytes"][r] == 0:
+            continue
+        end = len(step_bytes) if r in outputs else last.get(r, start)
+        if start <= peak_step <= end:
+            live.append((str(names[r]), g["value_bytes"][r]))
+    live.sort(key=lambda t: -t[1])
+    return live[:top]
+
+
+def report(jfn) -> dict:
+    """Per trace ("forward", "backward"): peak before/after, regions before/after,
+    proven optimal or not, and the largest tensors live at the peak."""
+    out = {}
+    for kind, info in _memfuse_traces(jfn).items():
+        plan = info["plan"]
+        (_, _, _), (peak_after, steps_after, _) = _schedules(info)
+        out[kind] = {
+            "peak_before_bytes": plan["baseline_peak_bytes"],
+            "peak_after_bytes": plan["peak_bytes"],
+            "unfused_peak_bytes": plan["unfused_peak_bytes"],
+            "lower_bound_bytes": plan["lower_bound_bytes"],
+            "regions_before": info["regions_before"],
+            "regions_after": info["regions_after"],
+            "ops": info["ops"],
+            "optimal": plan["optimal"],
+            "method": plan["method"],
+            "states": plan["states"],
+            "plan_ms": info["time_ms"],
+            "largest_live_at_peak": _largest_live_at_peak(info, steps_after),
+        }
+    if not out:
+        raise ValueError("report: this function has no trace transformed by memfuse (was it called once?)")
+    return out
+
+
+def format_report(rep: dict) -> str:
+    lines = []
+    for kind, r in rep.items():
+        lines.append(
+            f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB, "
+            f"regions {r['regions_before']} -> {r['regions_after']}, "
+            f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
+        )
+        for name, b in r["largest_live_at_peak"]:
+            lines.append(f"    live at peak: {name} {b / 2**20:.2f} MiB")
+    return "\n".join(lines)
+
+
+def plot_timeline(jfn, path: str) -> str:
+    """Draw live bytes over the schedule, input order against memfuse's, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    traces = _memfuse_traces(jfn)
+    if not traces:
+        raise ValueError("plot_timeline: this function has no trace transformed by memfuse")
+    fig, axes = plt.subplots(len(traces), 1, figsize=(9, 3.2 * len(traces)), squeeze=False)
+    for ax, (kind, info) in zip(axes[:, 0], traces.items()):
+        (pb, sb, _), (pa, sa, _) = _schedules(info)
+        mib = float(1 << 20)
+        ax.step(range(len(sb)), [b / mib for b in sb], where="post", label=f"input order (peak {pb / mib:.2f} MiB)")
+        # x for groups: the op index where each group starts, so both curves share an axis
+        xs, k = [], 0
+        for grp in info["plan"]["groups"]:
+            xs.append(k)
+            k += len(grp)
+        ax.step(xs, [b / mib for b in sa], where="post", label=f"memfuse (peak {pa / mib:.2f} MiB)")
+        ax.set_title(f"{kind}: memory while each op runs")
+        ax.set_xlabel("op in schedule")
+        ax.set_ylabel("MiB above inputs")
+        ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,150 @@
+"""The memfuse Thunder transform: trace in, regrouped bound symbols out.
+
+Thunder calls transform_trace_post_optimization with each final trace (the
+forward, then the backward; shared/THUNDER_NOTES.md).  We:
+  1. hand the bound symbols to the C reader/planner (csrc/python/trace.c),
+  2. rebuild the trace: prologue, then one bound symbol per planned group
+     (a fusion bound symbol for groups of two or more ops), then the return,
+  3. let Thunder's own del_last_used place the dels (and the backward's
+     collection clears) for the new order.
+Any failure leaves the user's trace unchanged with a RuntimeWarning, or raises
+with MemFuse(strict=True).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceProvenance, TraceTag, from_trace
+from thunder.core.transform_common import Transform
+from thunder.core import utils as tutils
+from thunder.executors.passes import del_last_used
+from thunder.executors.utils import Region
+from thunder.core.proxies import unvariableify
+
+from . import _thunder
+from .executor import make_region_callable
+
+_BACKENDS = ("auto", "cuda", "cpu")
+_fusion_ids = itertools.count()
+
+
+class MemFuseError(RuntimeError):
+    """Raised by MemFuse(strict=True) when the pass cannot run on a trace."""
+
+
+class MemFuse(Transform):
+    """Memory-aware reordering and fusion of Thunder traces.
+
+    Args:
+        max_states: cap on the exact DP's states (None: the core's default).
+        strict: raise MemFuseError instead of warning and returning the trace unchanged.
+        backend: "auto" (CUDA kernels for CUDA tensors, the CPU fallback otherwise),
+            "cuda" (CUDA kernels; the fallback only where a kernel cannot be built),
+            or "cpu" (always the fallback).
+        fuse: form fusion regions (False: only reorder).
+
+    The instance holds only these options; everything it learns about a
+    compilation is stored on the traces it returns (see report()), so one
+    instance can serve many thunder.jit calls.
+    """
+
+    def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
+                 fuse: bool = True):
+        super().__init__()
+        if backend not in _BACKENDS:
+            raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
+        if max_states is not None and (not isinstance(max_states, int) or max_states <= 0):
+            raise ValueError(f"MemFuse: max_states must be a positive int or None, got {max_states!r}")
+        self.max_states = max_states
+        self.strict = bool(strict)
+        self.backend = backend
+        self.fuse = bool(fuse)
+
+    def __repr__(self):
+        return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, backend={self.backend!r}, "
+                f"fuse={self.fuse!r})")
+
+    # Thunder's hook -----------------------------------------------------------------
+    def transform_trace_post_optimization(self, computation_trace, **kwargs):
+        try:
+            return self._transform(computation_trace)
+        except Exception as e:  # never make the user's program wrong: keep the trace
+            if self.strict:
+                raise MemFuseError(f"memfuse failed on trace {_trace_name(computation_trace)!r}: {e}") from e
+            warnings.warn(
+                f"memfuse left trace {_trace_name(computation_trace)!r} unchanged: {type(e).__name__}: {e}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return computation_trace
+
+    # -------------------------------------------------------------------------------
+    def _transform(self, trace):
+        start = time.perf_counter_ns()
+        is_backward = TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
+        bsyms = list(trace.bound_symbols)
+        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self.fuse)
+        plan = res["plan"]
+        if plan["unfused_peak_bytes"] > plan["baseline_peak_bytes"]:
+            raise MemFuseError("internal: planned order is worse than the input order")
+
+        stripped = from_trace(trace)
+        stripped.bound_symbols = [b for b in bsyms if b.sym.id not in _thunder.DROP_IDS]
+        producers, consumers = tutils.producers_and_consumers(stripped)
+
+        new_bsyms = list(res["prologue"])
+        n_regions = 0
+        for group in res["groups"]:
+            if len(group) == 1:
+                new_bsyms.append(group[0])
+                continue
+            new_bsyms.append(self._fusion_bsym(group, producers, consumers))
+            n_regions += 1
+        new_bsyms.extend(res["epilogue"])
+
+        new_trace = from_trace(trace)
+        new_trace.bound_symbols = new_bsyms
+        new_trace = del_last_used(new_trace, clear_mutable_collections=is_backward)
+        elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        new_trace.set_provenance(
+            TraceProvenance(
+                f"memfuse (peak {plan['baseline_peak_bytes']} -> {plan['peak_bytes']} bytes, "
+                f"{'proven optimal' if plan['optimal'] else 'not proven optimal'}, {n_regions} regions, "
+                f"took {elapsed_ms:.1f} ms)"
+            )
+        )
+        new_trace._memfuse_info = {
+            "trace": "backward" if is_backward else "forward",
+            "plan": plan,
+            "graph": res["graph"],
+            "names": res["names"],
+            "regions_before": sum(1 for b in bsyms if getattr(b.sym, "is_fusion", False)),
+            "regions_after": n_regions + sum(
+                1 for g in res["groups"] if len(g) == 1 and getattr(g[0].sym, "is_fusion", False)),
+            "ops": sum(len(g) for g in res["groups"]),
+            "time_ms": elapsed_ms,
+        }
+        return new_trace
+
+    def _fusion_bsym(self, group, producers, consumers):
+        region = Region(producers, consumers, list(group))
+        inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
+        outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
+        name = f"MemFuse{next(_fusion_ids)}"
+        fn = make_region_callable(name, list(group), inputs, outputs, backend=self.backend)
+        sym = Symbol(name, meta=None, is_fusion=True, executor=self)
+        return BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn})
+
+
+def _trace_name(trace) -> str:
+    try:
+        return trace.siginfo().name
+    except Exception:
+        return "<trace>"
+
+
+memfuse = MemFuse()
+"""The default memfuse transform: thunder.jit(fn, transforms=[memfuse])."""
