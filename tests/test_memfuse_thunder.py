@@ -8,7 +8,7 @@ from torch.utils.checkpoint import checkpoint
 
 import thunder_memfuse as tm
 from thunder_memfuse import MemFuse, memfuse
-from thunder_memfuse.baseline import elementwise_dataflow_executor
+from thunder_memfuse.baseline import ElementwiseFusion
 from thunder_memfuse.measure import cpu_peak_bytes, trace_peak_bytes
 from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func
 
@@ -48,7 +48,7 @@ def test_seed_peak_is_three_quarters_mib(fn):
 def test_dataflow_baseline_reproduces_the_problem():
     t0s, a = _seed_inputs()
     fn = memory_peak_efficient_func
-    jd = thunder.jit(fn, executors=[elementwise_dataflow_executor()], fusion_type="dataflow")
+    jd = thunder.jit(fn, transforms=[ElementwiseFusion()], fusion_type="dataflow")
     jd(list(t0s), a)
     base_peak, out = cpu_peak_bytes(jd, list(t0s), a)
     torch.testing.assert_close(out, fn(list(t0s), a), rtol=1e-4, atol=1e-3)

@@ -2,46 +2,44 @@
 
 On a GPU, Thunder's nvFuser executor with fusion_type="dataflow" fuses the 10
 independent relus of the seed into one region and keeps all their outputs alive
-(2.25 MiB instead of 0.75 MiB).  On CPU Thunder has no general fusion executor
-but torch.compile, which also fuses matmuls.  This executor fuses exactly what
-nvFuser would here: elementwise ops (the same predicate memfuse uses), grouped
-by Thunder's own fusion pass (TorchCompileExecutor.fusion_pass, so
-fusion_type="dataflow" applies), and runs each region with plain PyTorch ops,
-like memfuse's CPU fallback.  Use:
+(2.25 MiB instead of 0.75 MiB).  On CPU, Thunder has no general fusion executor
+but torch.compile, which also fuses matmuls.  This transform fuses what nvFuser
+would here: elementwise ops (the same predicate memfuse uses), grouped by
+Thunder's own partitioner (data_dependent_partition.fuse_bound_symbols, which
+honours fusion_type="consecutive" / "dataflow"), each region run by the same
+CPU path as memfuse's regions.  Use:
 
-    thunder.jit(fn, executors=[elementwise_dataflow_executor()], fusion_type="dataflow")
+    thunder.jit(fn, transforms=[ElementwiseFusion()], fusion_type="dataflow")
 """
 from __future__ import annotations
 
-import functools
+from thunder.core.trace import TraceTag, from_trace
+from thunder.core.transform_common import Transform
+from thunder.executors.data_dependent_partition import fuse_bound_symbols
 
-from thunder.core.proxies import unvariableify
-from thunder.core.symbol import BoundSymbol, Symbol
-from thunder.executors.torch_compile import TorchCompileExecutor
-
-from ._thunder import _fusible_predicate
-from .executor import _fallback_callable
+from . import _thunder
+from .transform import regroup_trace
 
 
-class ElementwiseDataflowExecutor(TorchCompileExecutor):
-    def __init__(self, name="memfuse_elementwise_baseline"):
-        super().__init__(name)
+class ElementwiseFusion(Transform):
+    """Thunder-style fusion of elementwise ops, with no regard for memory."""
 
-    def can_execute(self, bsym) -> bool:
-        return not bsym.sym.is_fusion and _fusible_predicate()(bsym)
+    def transform_trace_post_optimization(self, trace, **kwargs):
+        is_backward = TraceTag.BACKWARD in trace.tags
+        fusible = _thunder._fusible_predicate()
+        stripped = from_trace(trace)
+        stripped.bound_symbols = [b for b in trace.bound_symbols if b.sym.id not in _thunder.DROP_IDS]
 
-    def can_fuse(self, bsym) -> bool:
-        return self.can_execute(bsym)
+        def can_fuse(node):
+            return len(node.group_bsyms) > 1 or fusible(node.group_bsyms[0])
 
-    def fuse(self, region, fusion_counter: int) -> BoundSymbol:
-        inputs = [unvariableify(x) for x in region.inputs]
-        outputs = [unvariableify(x) for x in region.outputs]
-        name = f"ElementwiseFusion{fusion_counter}"
-        fn = _fallback_callable(name, region.bound_symbols, inputs, outputs)
-        sym = Symbol(name, meta=None, is_fusion=True, executor=self)
-        return BoundSymbol(sym, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: fn})
-
-
-@functools.lru_cache(maxsize=1)
-def elementwise_dataflow_executor():
-    return ElementwiseDataflowExecutor()
+        groups = fuse_bound_symbols(stripped, lambda a, b: can_fuse(a) and can_fuse(b))
+        flat = []
+        for g in groups:  # a group with a non-fusible symbol (prologue, return) is not a region
+            if len(g) > 1 and all(fusible(b) for b in g):
+                flat.append(list(g))
+            else:
+                flat.extend([b] for b in g)
+        new_trace, _ = regroup_trace(trace, flat, backend="cpu", executor=self, is_backward=is_backward,
+                                     name_prefix="ElementwiseFusion")
+        return new_trace

@@ -130,7 +130,7 @@ def thunder_section(device, n_paths, size, iters=1):
 
     import thunder
     from thunder_memfuse import MemFuse
-    from thunder_memfuse.baseline import elementwise_dataflow_executor
+    from thunder_memfuse.baseline import ElementwiseFusion
     from thunder_memfuse.measure import cpu_peak_bytes, cuda_peak_bytes, trace_peak_bytes
 
     torch.manual_seed(0)
@@ -141,7 +141,7 @@ def thunder_section(device, n_paths, size, iters=1):
     def variants(fn):
         yield "eager", fn, None
         yield "thunder default", thunder.jit(fn), "jit"
-        yield ("thunder dataflow", thunder.jit(fn, executors=[elementwise_dataflow_executor()],
+        yield ("thunder dataflow", thunder.jit(fn, transforms=[ElementwiseFusion()],
                                                fusion_type="dataflow"), "jit")
         yield "memfuse", thunder.jit(fn, transforms=[MemFuse()]), "jit"
 

@@ -91,23 +91,9 @@ class MemFuse(Transform):
         if plan["unfused_peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")
 
-        stripped = from_trace(trace)
-        stripped.bound_symbols = [b for b in bsyms if b.sym.id not in _thunder.DROP_IDS]
-        producers, consumers = tutils.producers_and_consumers(stripped)
-
-        new_bsyms = list(res["prologue"])
-        n_regions = 0
-        for group in res["groups"]:
-            if len(group) == 1:
-                new_bsyms.append(group[0])
-                continue
-            new_bsyms.append(self._fusion_bsym(group, producers, consumers))
-            n_regions += 1
-        new_bsyms.extend(res["epilogue"])
-
-        new_trace = from_trace(trace)
-        new_trace.bound_symbols = new_bsyms
-        new_trace = del_last_used(new_trace, clear_mutable_collections=is_backward)
+        groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]
+        new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, executor=self,
+                                             is_backward=is_backward)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
         new_trace.set_provenance(
             TraceProvenance(
@@ -129,14 +115,32 @@ class MemFuse(Transform):
         }
         return new_trace
 
-    def _fusion_bsym(self, group, producers, consumers):
+
+def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix="MemFuse"):
+    """A new trace whose bound symbols are `groups` in order: a group of one stays
+    as it is, a larger group becomes one fusion bound symbol (inputs and outputs
+    from Thunder's Region); dels and collection clears are placed by Thunder's
+    del_last_used.  Returns (trace, number of fusion regions made)."""
+    stripped = from_trace(trace)
+    stripped.bound_symbols = [b for g in groups for b in g]
+    producers, consumers = tutils.producers_and_consumers(stripped)
+    new_bsyms = []
+    n_regions = 0
+    for group in groups:
+        if len(group) == 1:
+            new_bsyms.append(group[0])
+            continue
         region = Region(producers, consumers, list(group))
         inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
-        name = f"MemFuse{next(_fusion_ids)}"
-        fn = make_region_callable(name, list(group), inputs, outputs, backend=self.backend)
-        sym = Symbol(name, meta=None, is_fusion=True, executor=self)
-        return BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn})
+        name = f"{name_prefix}{next(_fusion_ids)}"
+        fn = make_region_callable(name, list(group), inputs, outputs, backend=backend)
+        sym = Symbol(name, meta=None, is_fusion=True, executor=executor)
+        new_bsyms.append(BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn}))
+        n_regions += 1
+    new_trace = from_trace(trace)
+    new_trace.bound_symbols = new_bsyms
+    return del_last_used(new_trace, clear_mutable_collections=is_backward), n_regions
 
 
 def _trace_name(trace) -> str:

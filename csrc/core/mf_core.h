@@ -57,7 +57,13 @@ void mf_ctx_init(mf_ctx *ctx, const mf_allocator *alloc /* may be NULL */);
 void *mf_alloc(mf_ctx *ctx, size_t nbytes);   /* sets err on failure */
 void *mf_calloc(mf_ctx *ctx, size_t n, size_t size);
 void mf_free(mf_ctx *ctx, void *p);
-int mf_set_error(mf_ctx *ctx, int status, const char *fmt, ...);
+/* Format the message into ctx->err (truncated to MF_ERR_LEN); returns status. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MF_PRINTF_FMT(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MF_PRINTF_FMT(f, a)
+#endif
+int mf_set_error(mf_ctx *ctx, int status, const char *fmt, ...) MF_PRINTF_FMT(3, 4);
 
 /* A graph, described by flat arrays owned by the caller (not copied by
  * mf_graph_check; mf_plan copies what it needs). */
@@ -112,9 +118,15 @@ typedef struct mf_plan_result {
     int64_t baseline_peak_bytes; /* ops 0..n-1, every op alone */
     int64_t lower_bound_bytes;   /* no valid order can beat this */
     int optimal;             /* unfused order proven minimal over valid orders */
-    int64_t states;          /* DP states explored */
+    int64_t states;          /* DP states explored (created, over all DP runs) */
     const char *method;      /* static string: "lower-bound", "dp", "greedy", ... */
 } mf_plan_result;
+/* method, in detail: "lower-bound" (optimal, proven without search), "dp"
+ * (optimal, proven or found by the DP), "dp-partial" (improved by the DP,
+ * not proven), otherwise the heuristic whose order was kept: "input",
+ * "greedy", "greedy-peak", "dfs", or "pieces" (per piece the best of them).
+ * Orders respect NOTE [view order] (csrc/core/mf_graph.c): the producer of a
+ * view runs after the producer of its base. */
 
 /* Plan: the order with the least unfused peak (the input order 0..n-1 is
  * always a candidate when it is valid, so the result is never worse), then

@@ -1,0 +1,107 @@
+/*
+ * mf_internal.h -- private declarations shared by the C files of csrc/core.
+ *
+ * Not installed, not included by the binding.  Holds the arena, the
+ * "planning graph" (mf_pg: storages and dependency edges derived from an
+ * mf_graph_desc), the incremental live-bytes tracker and the entry points of
+ * the fusion grouping pass.
+ *
+ * Invariants of an mf_pg built by mf_pg_build (the desc passed
+ * mf_graph_check first):
+ *  - storages are the alias roots that are not graph inputs; sid[v] is the
+ *    storage of value v (through its alias root) or -1 (input storage,
+ *    never counted);
+ *  - every storage has exactly one allocating op (salloc);
+ *  - oread[k] lists the distinct storages op k reads, oalloc[k] the storages
+ *    it allocates, otouch[k] their union (distinct); sread[s] the distinct
+ *    ops reading s;
+ *  - pred/succ are the distinct dependency edges: dataflow (producer of each
+ *    value read), ordering edges, and view edges (see NOTE [view order] in
+ *    mf_graph.c).  They form a DAG.
+ */
+#ifndef MF_INTERNAL_H
+#define MF_INTERNAL_H
+
+#include "mf_core.h"
+
+/* ---- arena: every block is one mf_alloc, released together ---- */
+
+typedef struct mf_arena {
+    void *head; /* singly linked list of blocks */
+} mf_arena;
+
+/* Zeroed memory for count * size bytes (overflow checked); NULL + ctx->err
+ * on failure. */
+void *mf_arena_array(mf_ctx *ctx, mf_arena *a, size_t count, size_t size);
+void mf_arena_release(mf_ctx *ctx, mf_arena *a);
+
+/* ---- planning graph ---- */
+
+typedef struct mf_pg {
+    int32_t n;  /* ops */
+    int32_t nv; /* values */
+    int32_t ns; /* storages */
+    int32_t *prod;   /* nv: producing op or -1 (graph input) */
+    int32_t *sid;    /* nv: storage id or -1 */
+    int64_t *sbytes; /* ns */
+    int32_t *salloc; /* ns: allocating op */
+    uint8_t *sout;   /* ns: some alias is a graph output */
+    int32_t *oread_ptr, *oread; /* CSR n -> storages read */
+    int32_t *oalloc_ptr, *oalloc;
+    int32_t *otouch_ptr, *otouch;
+    int32_t *sread_ptr, *sread; /* CSR ns -> reading ops */
+    int32_t *pred_ptr, *pred;
+    int32_t *succ_ptr, *succ;
+    int64_t *abytes; /* n: bytes of storages allocated by the op */
+    int64_t *oplb;   /* n: bytes of distinct storages read or allocated */
+    uint8_t *fusible; /* n */
+    int64_t outbytes; /* bytes of all output storages */
+} mf_pg;
+
+/* Build the planning graph in arena a.  The desc must be valid
+ * (mf_graph_check).  Returns a status. */
+int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg);
+
+/* Dependency edges of a desc (dataflow + ordering + view edges), distinct,
+ * as CSR of predecessors.  prod: producer per value (-1 for none).  Values
+ * and op ids must be in range; self edges are dropped. */
+int mf_build_preds(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32_t *prod,
+                   int32_t **ptr_out, int32_t **idx_out);
+
+/* Is order (n ops) a permutation respecting pg's edges?  scratch: n int32. */
+int mf_pg_order_valid(const mf_pg *pg, const int32_t *order, int32_t *scratch);
+
+/* General simulation (any permutation, optional groups): the cost model of
+ * mf_core.h.  scratch arrays allocated in arena a. */
+int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
+                   const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
+                   int64_t *step_bytes, int64_t *live_after);
+
+/* ---- incremental tracker for valid orders (unfused steps) ----
+ * rc[s] = readers of s not yet run; live = bytes live now.  Applying op v:
+ * during = live + abytes[v]; then every storage v touches whose allocator has
+ * run, that is not an output and has no reader left is freed.  Undo restores
+ * rc (the caller restores live). */
+typedef struct mf_tracker {
+    const mf_pg *pg;
+    int32_t *rc;   /* ns */
+    uint8_t *done; /* n */
+    int64_t live;
+} mf_tracker;
+
+int mf_tracker_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_tracker *t);
+int64_t mf_tracker_apply(mf_tracker *t, int32_t v); /* returns during */
+void mf_tracker_undo(mf_tracker *t, int32_t v);
+/* Unfused peak of a valid order from a fresh state (t is reset). */
+int64_t mf_tracker_peak(mf_tracker *t, const int32_t *order, int32_t n);
+void mf_tracker_reset(mf_tracker *t);
+
+/* ---- fusion grouping (mf_fuse.c) ----
+ * Given a valid order, the grouping with the least peak, then the fewest
+ * groups.  group_ptr: n + 1 entries (caller allocated); *n_groups, *peak. */
+int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse,
+                  int32_t *group_ptr, int32_t *n_groups, int64_t *peak);
+
+#define MF_FUSE_MAX_GROUP 512
+
+#endif /* MF_INTERNAL_H */

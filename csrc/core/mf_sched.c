@@ -1,0 +1,1240 @@
+/*
+ * mf_sched.c -- the scheduler: mf_plan.
+ *
+ * Pipeline (every step outside the bounded DP is O((n + E) log n)):
+ *  1. baseline: ops 0..n-1 simulated unfused; a candidate when valid;
+ *  2. lower bound LB = max(max_v oplb(v), bytes of output storages);
+ *  3. heuristics scored by the tracker: input order, two least-peak-first
+ *     list schedulers, a depth-first "finish what you started" order; the
+ *     best is U.  U == LB proves it optimal ("lower-bound");
+ *  4. split into pieces at forced cut points (NOTE [cut points]) and take,
+ *     per piece, the best restriction of every heuristic order;
+ *  5. exact bottleneck DP over downward-closed sets, per piece, pieces with
+ *     the highest peak first (NOTE [piece DP]), within a state budget
+ *     (NOTE [state budget]);
+ *  6. windowed DP around the peak step of pieces the DP could not finish;
+ *  7. fusion grouping (mf_fuse.c) on the final order.
+ * The result is never worse than the input order when that is valid: its
+ * restriction to every piece is a candidate.
+ *
+ * Invariants: the current order `cur` is always a valid order; pos[] is its
+ * inverse; dur[i] / lbef[i] are the unfused `during` and the live bytes
+ * before position i, kept in sync whenever a range of cur is rewritten.
+ */
+#include "mf_internal.h"
+
+#include <string.h>
+
+/* NOTE [DP piece size]: a piece or window of more than MF_DP_MAX_OPS ops is
+ * never given to the exact DP (successor generation is O(k^2 / 64) per
+ * state); it still gets the heuristics and windowed DP. */
+#define MF_DP_MAX_OPS 256
+#define MF_WIN_LEN 24
+#define MF_WIN_ITERS 64
+
+/* ------------------------------------------------------------------ */
+/* growable scratch                                                     */
+
+/* Make *p hold at least need elements of size elem; keep contents when
+ * keep is set.  Capacity doubles. */
+static int grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int keep)
+{
+    size_t nc;
+    void *q;
+    if (need <= *cap && *p)
+        return MF_OK;
+    nc = *cap ? *cap : 64;
+    while (nc < need) {
+        if (nc > ((size_t)-1 / 2) / elem)
+            return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
+        nc *= 2;
+    }
+    if (nc > (size_t)-1 / elem)
+        return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
+    q = mf_alloc(ctx, nc * elem);
+    if (!q)
+        return MF_ENOMEM;
+    if (keep && *p && *cap)
+        memcpy(q, *p, *cap * elem);
+    mf_free(ctx, *p);
+    *p = q;
+    *cap = nc;
+    return MF_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* indexed binary heap of ops keyed by (k1, k2, op id)                   */
+
+typedef struct iheap {
+    int32_t *h;  /* heap of op ids */
+    int32_t *at; /* op -> index in h, or -1 */
+    int32_t size;
+    int64_t *k1, *k2;
+} iheap;
+
+static int ih_less(const iheap *q, int32_t a, int32_t b)
+{
+    if (q->k1[a] != q->k1[b])
+        return q->k1[a] < q->k1[b];
+    if (q->k2[a] != q->k2[b])
+        return q->k2[a] < q->k2[b];
+    return a < b;
+}
+
+static void ih_set(iheap *q, int32_t i, int32_t v)
+{
+    q->h[i] = v;
+    q->at[v] = i;
+}
+
+static void ih_up(iheap *q, int32_t i)
+{
+    int32_t v = q->h[i];
+    while (i > 0) {
+        int32_t p = (i - 1) / 2;
+        if (!ih_less(q, v, q->h[p]))
+            break;
+        ih_set(q, i, q->h[p]);
+        i = p;
+    }
+    ih_set(q, i, v);
+}
+
+static void ih_down(iheap *q, int32_t i)
+{
+    int32_t v = q->h[i];
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= q->size)
+            break;
+        if (c + 1 < q->size && ih_less(q, q->h[c + 1], q->h[c]))
+            c++;
+        if (!ih_less(q, q->h[c], v))
+            break;
+        ih_set(q, i, q->h[c]);
+        i = c;
+    }
+    ih_set(q, i, v);
+}
+
+static void ih_push(iheap *q, int32_t v)
+{
+    q->h[q->size] = v;
+    q->at[v] = q->size;
+    q->size++;
+    ih_up(q, q->size - 1);
+}
+
+static int32_t ih_pop(iheap *q)
+{
+    int32_t v = q->h[0];
+    q->at[v] = -1;
+    q->size--;
+    if (q->size > 0) {
+        ih_set(q, 0, q->h[q->size]);
+        ih_down(q, 0);
+    }
+    return v;
+}
+
+/* ------------------------------------------------------------------ */
+/* heuristics                                                          */
+
+typedef struct heur_ws {
+    int32_t *indeg, *rc, *stack;
+    uint8_t *sched;
+    iheap q;
+} heur_ws;
+
+static int heur_ws_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, heur_ws *w)
+{
+    size_t n = (size_t)pg->n + 1;
+    w->indeg = (int32_t *)mf_arena_array(ctx, a, n, sizeof(int32_t));
+    w->rc = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
+    w->stack = (int32_t *)mf_arena_array(ctx, a, n, sizeof(int32_t));
+    w->sched = (uint8_t *)mf_arena_array(ctx, a, n, 1);
+    w->q.h = (int32_t *)mf_arena_array(ctx, a, n, sizeof(int32_t));
+    w->q.at = (int32_t *)mf_arena_array(ctx, a, n, sizeof(int32_t));
+    w->q.k1 = (int64_t *)mf_arena_array(ctx, a, n, sizeof(int64_t));
+    w->q.k2 = (int64_t *)mf_arena_array(ctx, a, n, sizeof(int64_t));
+    if (!w->indeg || !w->rc || !w->stack || !w->sched || !w->q.h || !w->q.at || !w->q.k1 || !w->q.k2)
+        return MF_ENOMEM;
+    return MF_OK;
+}
+
+static void heur_reset(const mf_pg *pg, heur_ws *w)
+{
+    int32_t k, s;
+    for (k = 0; k < pg->n; k++) {
+        w->indeg[k] = pg->pred_ptr[k + 1] - pg->pred_ptr[k];
+        w->sched[k] = 0;
+        w->q.at[k] = -1;
+    }
+    for (s = 0; s < pg->ns; s++)
+        w->rc[s] = pg->sread_ptr[s + 1] - pg->sread_ptr[s];
+    w->q.size = 0;
+}
+
+/* Net change of live bytes if v ran now. */
+static int64_t net_delta(const mf_pg *pg, const int32_t *rc, int32_t v)
+{
+    int64_t d = pg->abytes[v];
+    int32_t j;
+    for (j = pg->oread_ptr[v]; j < pg->oread_ptr[v + 1]; j++) {
+        int32_t s = pg->oread[j];
+        if (!pg->sout[s] && rc[s] == 1)
+            d -= pg->sbytes[s];
+    }
+    for (j = pg->oalloc_ptr[v]; j < pg->oalloc_ptr[v + 1]; j++) {
+        int32_t s = pg->oalloc[j];
+        if (!pg->sout[s] && pg->sread_ptr[s + 1] == pg->sread_ptr[s])
+            d -= pg->sbytes[s];
+    }
+    return d;
+}
+
+static void set_keys(const mf_pg *pg, heur_ws *w, int variant, int32_t v)
+{
+    int64_t d = net_delta(pg, w->rc, v);
+    if (variant == 0) { /* frees the most / grows live the least */
+        w->q.k1[v] = d;
+        w->q.k2[v] = pg->abytes[v];
+    } else { /* least `during` first */
+        w->q.k1[v] = pg->abytes[v];
+        w->q.k2[v] = d;
+    }
+}
+
+/* NOTE [greedy list scheduler]: among ready ops take the least key; keys
+ * change when a storage gets down to its last reader, which is found by a
+ * scan of the storage's readers once per storage (O(E) total), so the whole
+ * run is O((n + E) log n). */
+static void greedy_order(const mf_pg *pg, heur_ws *w, int variant, int32_t *order)
+{
+    int32_t k, j, i = 0;
+    heur_reset(pg, w);
+    for (k = 0; k < pg->n; k++)
+        if (w->indeg[k] == 0) {
+            set_keys(pg, w, variant, k);
+            ih_push(&w->q, k);
+        }
+    while (w->q.size > 0) {
+        int32_t v = ih_pop(&w->q);
+        order[i++] = v;
+        w->sched[v] = 1;
+        for (j = pg->oread_ptr[v]; j < pg->oread_ptr[v + 1]; j++) {
+            int32_t s = pg->oread[j], r;
+            if (--w->rc[s] == 1 && !pg->sout[s]) {
+                for (r = pg->sread_ptr[s]; r < pg->sread_ptr[s + 1]; r++) {
+                    int32_t u = pg->sread[r];
+                    if (!w->sched[u] && w->q.at[u] >= 0) {
+                        set_keys(pg, w, variant, u);
+                        ih_up(&w->q, w->q.at[u]);
+                        ih_down(&w->q, w->q.at[u]);
+                    }
+                }
+            }
+        }
+        for (j = pg->succ_ptr[v]; j < pg->succ_ptr[v + 1]; j++) {
+            int32_t u = pg->succ[j];
+            if (--w->indeg[u] == 0) {
+                set_keys(pg, w, variant, u);
+                ih_push(&w->q, u);
+            }
+        }
+    }
+}
+
+/* Depth first along consumers: the op made ready last runs next. */
+static void dfs_order(const mf_pg *pg, heur_ws *w, int32_t *order)
+{
+    int32_t k, j, sp = 0, i = 0;
+    heur_reset(pg, w);
+    for (k = pg->n - 1; k >= 0; k--)
+        if (w->indeg[k] == 0)
+            w->stack[sp++] = k;
+    while (sp > 0) {
+        int32_t v = w->stack[--sp];
+        order[i++] = v;
+        for (j = pg->succ_ptr[v + 1] - 1; j >= pg->succ_ptr[v]; j--) {
+            int32_t u = pg->succ[j];
+            if (--w->indeg[u] == 0)
+                w->stack[sp++] = u;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* cut points                                                          */
+
+/* NOTE [cut points]
+ * Let R be the ops other than "floating" and "trailing" ones (below), in a
+ * topological order T.  The prefix P = T[0..i) runs before the rest in every
+ * valid order iff every op of P is an ancestor of every op of the rest.  We
+ * accept a cut when (a) P has a unique maximal op v = T[i-1] (then all of P
+ * is below v) and (b) every op of the rest whose predecessors all lie in P
+ * has v as a direct predecessor (dataflow, ordering or view edge).  Both are
+ * maintained incrementally along T in O(n + E): (a) by counting ops of P
+ * without a successor in P; (b) an op u with last predecessor at position m
+ * blocks the cuts m+2 .. pos(u).
+ *
+ * Floating ops: no predecessor, at least one successor, and every storage
+ * they allocate is read or is an output (or has no bytes).  Moving such an op
+ * s to just before its first successor f never raises the peak: every
+ * storage s allocates stays live until f anyway, so s's new step costs
+ * live_before(f) <= during(f) in the old order, and the steps in between
+ * lose s's bytes.  Hence some optimal order has every floating op right
+ * before its first successor, which lies in the earliest piece containing a
+ * successor; that is the piece the floating op joins.
+ * Trailing ops: no edges at all and every storage they allocate is an output
+ * (or has no bytes); moving one to the very end costs the final live bytes,
+ * which never exceed the last step.  They form a last piece.
+ * Pieces are independent: the live bytes after a set of ops depend on the
+ * set alone, so each piece is scheduled against the constant memory left by
+ * the pieces before it, and the peak is the maximum over pieces.
+ */
+static int find_pieces(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *T, int32_t *piece_of,
+                       uint8_t *kind /* out: 0 regular, 1 floating, 2 trailing */, int32_t *n_pieces)
+{
+    int32_t n = pg->n, i, j, k, nr = 0, np = 0, maxcount = 0;
+    int32_t *rpos, *insc, *bad, *cutid;
+    int any_trailing = 0;
+    rpos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    insc = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    bad = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 2, sizeof(int32_t));
+    cutid = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 2, sizeof(int32_t));
+    if (!rpos || !insc || !bad || !cutid)
+        return MF_ENOMEM;
+    for (k = 0; k < n; k++) {
+        kind[k] = 0;
+        int32_t np_ = pg->pred_ptr[k + 1] - pg->pred_ptr[k], ns_ = pg->succ_ptr[k + 1] - pg->succ_ptr[k];
+        int unread = 0, nonout = 0;
+        if (np_ > 0)
+            continue;
+        for (j = pg->oalloc_ptr[k]; j < pg->oalloc_ptr[k + 1]; j++) {
+            int32_t s = pg->oalloc[j];
+            if (pg->sbytes[s] > 0 && !pg->sout[s]) {
+                nonout = 1;
+                if (pg->sread_ptr[s + 1] == pg->sread_ptr[s])
+                    unread = 1;
+            }
+        }
+        if (ns_ > 0 && !unread)
+            kind[k] = 1;
+        else if (ns_ == 0 && !nonout)
+            kind[k] = 2;
+    }
+    for (i = 0; i < n; i++) {
+        int32_t v = T[i];
+        rpos[v] = -1;
+        if (kind[v] == 0)
+            rpos[v] = nr++;
+    }
+    /* walk R: after adding the op at rpos r the prefix has r + 1 ops */
+    for (i = 0; i < n; i++) {
+        int32_t v = T[i], m = -1, r = rpos[v];
+        if (kind[v])
+            continue;
+        maxcount++;
+        for (j = pg->pred_ptr[v]; j < pg->pred_ptr[v + 1]; j++) {
+            int32_t p = pg->pred[j];
+            if (kind[p])
+                continue;
+            if (rpos[p] > m)
+                m = rpos[p];
+            if (insc[p]++ == 0)
+                maxcount--;
+        }
+        if (m + 2 <= r) { /* blocks cuts m+2 .. r */
+            bad[m + 2]++;
+            bad[r + 1]--;
+        }
+        cutid[r + 1] = (maxcount == 1); /* (a) for the cut after r + 1 ops */
+    }
+    {
+        int32_t acc = 0, cur = 0;
+        /* piece of the op at rpos r = number of cuts c <= r (cuts at 1..nr-1) */
+        int32_t *pc = insc; /* reuse: pieces by rpos */
+        for (i = 0; i <= nr; i++) {
+            acc += bad[i];
+            if (i >= 1 && i <= nr - 1 && cutid[i] && acc == 0)
+                cur++;
+            if (i < nr)
+                pc[i] = cur;
+        }
+        np = nr > 0 ? cur + 1 : 0;
+        for (k = 0; k < n; k++)
+            if (kind[k] == 0)
+                piece_of[k] = pc[rpos[k]];
+    }
+    for (k = 0; k < n; k++) {
+        if (kind[k] == 1) {
+            int32_t best = np;
+            for (j = pg->succ_ptr[k]; j < pg->succ_ptr[k + 1]; j++) {
+                int32_t u = pg->succ[j];
+                if (kind[u] == 0 && piece_of[u] < best)
+                    best = piece_of[u];
+            }
+            if (best == np) /* cannot happen: successors are regular */
+                return mf_set_error(ctx, MF_EINTERNAL, "floating op %d has no regular successor", (int)k);
+            piece_of[k] = best;
+        } else if (kind[k] == 2) {
+            any_trailing = 1;
+        }
+    }
+    if (any_trailing) {
+        for (k = 0; k < n; k++)
+            if (kind[k] == 2)
+                piece_of[k] = np;
+        np++;
+    }
+    *n_pieces = np;
+    return MF_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* segment DP                                                          */
+
+typedef struct hentry {
+    int64_t f;
+    int32_t depth;
+    int32_t idx;
+} hentry;
+
+typedef struct seg_ws {
+    /* persistent maps (size n / ns), -1 outside a call */
+    int32_t *lmap, *smap;
+    /* per segment (sized for k ops) */
+    int32_t *ops, *lborder, *tptr, *tidx, *lsalloc, *path;
+    uint64_t *pmask, *lsrd, *tbits;
+    int64_t *ab, *lbv, *lsb;
+    uint8_t *lsnever;
+    size_t c_ops, c_lborder, c_tptr, c_tidx, c_lsalloc, c_path, c_pmask, c_lsrd, c_tbits, c_ab, c_lbv,
+        c_lsb, c_lsnever;
+    /* states */
+    uint64_t *bits, *hash;
+    int64_t *g, *live, *fval;
+    int32_t *parent, *last, *depth;
+    uint8_t *closed;
+    size_t c_bits, c_hash, c_g, c_live, c_fval, c_parent, c_last, c_depth, c_closed;
+    int32_t *tab;
+    size_t c_tab;
+    hentry *heap;
+    size_t c_heap;
+} seg_ws;
+
+static void seg_ws_free(mf_ctx *ctx, seg_ws *w)
+{
+    void *ps[] = {w->ops, w->lborder, w->tptr, w->tidx, w->lsalloc, w->path, w->pmask, w->lsrd, w->tbits,
+                  w->ab, w->lbv, w->lsb, w->lsnever, w->bits, w->hash, w->g, w->live, w->fval, w->parent,
+                  w->last, w->depth, w->closed, w->tab, w->heap};
+    size_t i;
+    for (i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        mf_free(ctx, ps[i]);
+    memset(w, 0, sizeof *w);
+}
+
+enum { SEG_IMPROVED = 1, SEG_NO_BETTER = 2, SEG_CAPPED = 3 };
+
+typedef struct seg_job {
+    int32_t a, b;   /* range of cur */
+    int64_t live0;  /* live bytes before a */
+    int64_t U;      /* only orders with every step < U are wanted */
+    int64_t F;      /* steps <= F are free (a proven lower bound elsewhere) */
+    int64_t cap;    /* max states to create */
+    /* out */
+    int outcome;
+    int64_t states;
+    int64_t bound;  /* last popped priority: lower bound of max(F, segment peak) */
+} seg_job;
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t hash_bits(const uint64_t *b, int32_t W)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    int32_t i;
+    for (i = 0; i < W; i++)
+        h = mix64(h ^ b[i]) + (uint64_t)i;
+    return h;
+}
+
+static int hless(const hentry *x, const hentry *y)
+{
+    if (x->f != y->f)
+        return x->f < y->f;
+    if (x->depth != y->depth)
+        return x->depth > y->depth; /* deeper first: reach a full set quickly */
+    return x->idx < y->idx;
+}
+
+static int heap_push(mf_ctx *ctx, seg_ws *w, size_t *hn, hentry e)
+{
+    size_t i;
+    int st = grow(ctx, (void **)&w->heap, &w->c_heap, *hn + 1, sizeof(hentry), 1);
+    if (st)
+        return st;
+    i = (*hn)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!hless(&e, &w->heap[p]))
+            break;
+        w->heap[i] = w->heap[p];
+        i = p;
+    }
+    w->heap[i] = e;
+    return MF_OK;
+}
+
+static hentry heap_pop(seg_ws *w, size_t *hn)
+{
+    hentry top = w->heap[0], e;
+    size_t i = 0, n;
+    n = --(*hn);
+    if (n == 0)
+        return top;
+    e = w->heap[n];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && hless(&w->heap[c + 1], &w->heap[c]))
+            c++;
+        if (!hless(&w->heap[c], &e))
+            break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    w->heap[i] = e;
+    return top;
+}
+
+static int states_reserve(mf_ctx *ctx, seg_ws *w, size_t need, int32_t W)
+{
+    int st;
+    if ((st = grow(ctx, (void **)&w->bits, &w->c_bits, need * (size_t)W, sizeof(uint64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->hash, &w->c_hash, need, sizeof(uint64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->g, &w->c_g, need, sizeof(int64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->live, &w->c_live, need, sizeof(int64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->fval, &w->c_fval, need, sizeof(int64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->parent, &w->c_parent, need, sizeof(int32_t), 1)) ||
+        (st = grow(ctx, (void **)&w->last, &w->c_last, need, sizeof(int32_t), 1)) ||
+        (st = grow(ctx, (void **)&w->depth, &w->c_depth, need, sizeof(int32_t), 1)) ||
+        (st = grow(ctx, (void **)&w->closed, &w->c_closed, need, 1, 1)))
+        return st;
+    return MF_OK;
+}
+
+/* (Re)build the open-addressing table for nst states in a table of tcap
+ * slots (power of two). */
+static int table_rebuild(mf_ctx *ctx, seg_ws *w, size_t tcap, int32_t nst)
+{
+    int32_t i;
+    size_t mask = tcap - 1;
+    mf_free(ctx, w->tab);
+    w->tab = NULL;
+    w->c_tab = 0;
+    w->tab = (int32_t *)mf_alloc(ctx, tcap * sizeof(int32_t));
+    if (!w->tab)
+        return MF_ENOMEM;
+    w->c_tab = tcap;
+    memset(w->tab, 0xff, tcap * sizeof(int32_t));
+    for (i = 0; i < nst; i++) {
+        size_t h = (size_t)w->hash[i] & mask;
+        while (w->tab[h] >= 0)
+            h = (h + 1) & mask;
+        w->tab[h] = i;
+    }
+    return MF_OK;
+}
+
+typedef struct plan_st {
+    mf_ctx *ctx;
+    const mf_pg *pg;
+    int32_t *cur, *pos;
+    int64_t *dur, *lbef;
+    seg_ws *sw;
+} plan_st;
+
+/* Set up the local view of cur[a..b).  Returns k's word count via *Wout. */
+static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout, int32_t *nls_out)
+{
+    mf_ctx *ctx = P->ctx;
+    const mf_pg *pg = P->pg;
+    seg_ws *w = P->sw;
+    int32_t k = b - a, W = (k + 63) / 64, i, j, nls = 0, nt = 0;
+    int st;
+    if ((st = grow(ctx, (void **)&w->ops, &w->c_ops, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lborder, &w->c_lborder, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->path, &w->c_path, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->tptr, &w->c_tptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->pmask, &w->c_pmask, (size_t)k * (size_t)W, sizeof(uint64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->tbits, &w->c_tbits, (size_t)W, sizeof(uint64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->ab, &w->c_ab, (size_t)k, sizeof(int64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)))
+        return st;
+    for (i = 0; i < k; i++) {
+        int32_t v = P->cur[a + i];
+        w->ops[i] = v;
+        P->sw->lmap[v] = i;
+        w->ab[i] = pg->abytes[v];
+        w->lbv[i] = pg->oplb[v];
+        nt += pg->otouch_ptr[v + 1] - pg->otouch_ptr[v];
+    }
+    memset(w->pmask, 0, sizeof(uint64_t) * (size_t)k * (size_t)W);
+    for (i = 0; i < k; i++) {
+        int32_t v = w->ops[i];
+        for (j = pg->pred_ptr[v]; j < pg->pred_ptr[v + 1]; j++) {
+            int32_t l = w->lmap[pg->pred[j]];
+            if (l >= 0)
+                w->pmask[(size_t)i * W + (size_t)(l >> 6)] |= (uint64_t)1 << (l & 63);
+        }
+    }
+    if ((st = grow(ctx, (void **)&w->tidx, &w->c_tidx, (size_t)nt + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsalloc, &w->c_lsalloc, (size_t)nt + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsb, &w->c_lsb, (size_t)nt + 1, sizeof(int64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsnever, &w->c_lsnever, (size_t)nt + 1, 1, 0)) ||
+        (st = grow(ctx, (void **)&w->lsrd, &w->c_lsrd, ((size_t)nt + 1) * (size_t)W, sizeof(uint64_t), 0)))
+        return st;
+    nt = 0;
+    for (i = 0; i < k; i++) {
+        int32_t v = w->ops[i];
+        w->tptr[i] = nt;
+        for (j = pg->otouch_ptr[v]; j < pg->otouch_ptr[v + 1]; j++) {
+            int32_t s = pg->otouch[j], ls = w->smap[s];
+            if (ls < 0) {
+                int32_t r;
+                int never = pg->sout[s];
+                ls = nls++;
+                w->smap[s] = ls;
+                w->lsb[ls] = pg->sbytes[s];
+                w->lsalloc[ls] = w->lmap[pg->salloc[s]];
+                for (r = pg->sread_ptr[s]; r < pg->sread_ptr[s + 1] && !never; r++)
+                    if (P->pos[pg->sread[r]] >= b)
+                        never = 1;
+                w->lsnever[ls] = (uint8_t)never;
+                memset(w->lsrd + (size_t)ls * W, 0, sizeof(uint64_t) * (size_t)W);
+            }
+            w->tidx[nt++] = ls;
+        }
+        for (j = pg->oread_ptr[v]; j < pg->oread_ptr[v + 1]; j++) {
+            int32_t ls = w->smap[pg->oread[j]];
+            w->lsrd[(size_t)ls * W + (size_t)(i >> 6)] |= (uint64_t)1 << (i & 63);
+        }
+    }
+    w->tptr[k] = nt;
+    /* ops by lower bound, descending (insertion sort: k <= MF_DP_MAX_OPS) */
+    for (i = 0; i < k; i++) {
+        int32_t x = i;
+        j = i;
+        while (j > 0 && w->lbv[w->lborder[j - 1]] < w->lbv[x]) {
+            w->lborder[j] = w->lborder[j - 1];
+            j--;
+        }
+        w->lborder[j] = x;
+    }
+    *Wout = W;
+    *nls_out = nls;
+    return MF_OK;
+}
+
+static void seg_unmap(plan_st *P, int32_t a, int32_t b)
+{
+    const mf_pg *pg = P->pg;
+    int32_t i, j;
+    for (i = a; i < b; i++) {
+        int32_t v = P->cur[i];
+        P->sw->lmap[v] = -1;
+        for (j = pg->otouch_ptr[v]; j < pg->otouch_ptr[v + 1]; j++)
+            P->sw->smap[pg->otouch[j]] = -1;
+    }
+}
+
+static int64_t h_of(const seg_ws *w, const uint64_t *S, int32_t k)
+{
+    int32_t i;
+    for (i = 0; i < k; i++) {
+        int32_t x = w->lborder[i];
+        if (!(S[x >> 6] >> (x & 63) & 1))
+            return w->lbv[x];
+    }
+    return 0;
+}
+
+/* NOTE [piece DP]
+ * Bottleneck shortest path over downward-closed sets S of the segment's ops:
+ * the edge S -> S + v costs live(S) + alloc(v) (v's unfused `during`), a
+ * path's cost is its largest edge, and live(S) depends on S alone.  States
+ * are expanded best-first on f = max(g, h, F): g the path's bottleneck, h the
+ * largest oplb of an op not yet run (each such op will cost at least that,
+ * and h never decreases along an edge by more than the edge pays, so f is
+ * monotone and the first full set popped is optimal), F a floor below which
+ * nothing matters (a proven lower bound of the whole plan).  Ties prefer
+ * deeper states, so a solution at the floor is found almost depth-first.
+ * Edges costing >= U and states with f >= U are dropped: only orders
+ * strictly better than the current one are wanted, and when none is found
+ * the current one is proven optimal.  States are memoized in an open
+ * addressing table keyed by a 64-bit hash of the bitset (full compare on a
+ * hit).  `states` counts the states created (the empty set included). */
+static int seg_solve(plan_st *P, seg_job *J)
+{
+    mf_ctx *ctx = P->ctx;
+    seg_ws *w = P->sw;
+    int32_t k = J->b - J->a, W, nls, i, nst = 0, goal = -1;
+    size_t hn = 0, tmask;
+    int st;
+    hentry e;
+
+    J->outcome = SEG_NO_BETTER;
+    J->states = 0;
+    J->bound = J->F;
+    if (k <= 1)
+        return MF_OK;
+    st = seg_setup(P, J->a, J->b, &W, &nls);
+    if (st)
+        goto out;
+    (void)nls;
+    if ((st = states_reserve(ctx, w, 1024, W)))
+        goto out;
+    if ((st = table_rebuild(ctx, w, 2048, 0)))
+        goto out;
+    tmask = w->c_tab - 1;
+    memset(w->bits, 0, sizeof(uint64_t) * (size_t)W);
+    w->hash[0] = hash_bits(w->bits, W);
+    w->g[0] = 0;
+    w->live[0] = J->live0;
+    w->parent[0] = -1;
+    w->last[0] = -1;
+    w->depth[0] = 0;
+    w->closed[0] = 0;
+    {
+        int64_t f0 = h_of(w, w->bits, k);
+        if (f0 < J->F)
+            f0 = J->F;
+        w->fval[0] = f0;
+        if (f0 >= J->U) {
+            J->bound = f0;
+            goto out;
+        }
+        w->tab[(size_t)w->hash[0] & tmask] = 0;
+        nst = 1;
+        e.f = f0;
+        e.depth = 0;
+        e.idx = 0;
+        if ((st = heap_push(ctx, w, &hn, e)))
+            goto out;
+    }
+    while (hn > 0) {
+        int32_t s, v;
+        const uint64_t *S;
+        e = heap_pop(w, &hn);
+        s = e.idx;
+        if (w->closed[s] || e.f != w->fval[s])
+            continue;
+        w->closed[s] = 1;
+        J->bound = e.f;
+        if (w->depth[s] == k) {
+            goal = s;
+            break;
+        }
+        for (v = 0; v < k; v++) {
+            uint64_t *T = w->tbits;
+            int64_t cost, g2, live2, f2;
+            uint64_t hv;
+            size_t h;
+            int32_t q, t;
+            int ready = 1;
+            S = w->bits + (size_t)s * W; /* re-read: the state array may move */
+            if (S[v >> 6] >> (v & 63) & 1)
+                continue;
+            for (q = 0; q < W; q++)
+                if (w->pmask[(size_t)v * W + (size_t)q] & ~S[q]) {
+                    ready = 0;
+                    break;
+                }
+            if (!ready)
+                continue;
+            cost = w->live[s] + w->ab[v];
+            if (cost >= J->U)
+                continue;
+            g2 = w->g[s] > cost ? w->g[s] : cost;
+            memcpy(T, S, sizeof(uint64_t) * (size_t)W);
+            T[v >> 6] |= (uint64_t)1 << (v & 63);
+            live2 = cost;
+            for (q = w->tptr[v]; q < w->tptr[v + 1]; q++) {
+                int32_t ls = w->tidx[q], al = w->lsalloc[ls], z;
+                const uint64_t *rd;
+                int freed = 1;
+                if (w->lsnever[ls])
+                    continue;
+                if (al >= 0 && !(T[al >> 6] >> (al & 63) & 1))
+                    continue;
+                rd = w->lsrd + (size_t)ls * W;
+                for (z = 0; z < W; z++)
+                    if (rd[z] & ~T[z]) {
+                        freed = 0;
+                        break;
+                    }
+                if (freed)
+                    live2 -= w->lsb[ls];
+            }
+            f2 = h_of(w, T, k);
+            if (f2 < g2)
+                f2 = g2;
+            if (f2 < J->F)
+                f2 = J->F;
+            if (f2 >= J->U)
+                continue;
+            hv = hash_bits(T, W);
+            h = (size_t)hv & tmask;
+            while ((t = w->tab[h]) >= 0) {
+                if (w->hash[t] == hv && !memcmp(w->bits + (size_t)t * W, T, sizeof(uint64_t) * (size_t)W))
+                    break;
+                h = (h + 1) & tmask;
+            }
+            if (t >= 0) {
+                if (w->closed[t] || f2 >= w->fval[t])
+                    continue;
+            } else {
+                if (nst >= J->cap) {
+                    J->outcome = SEG_CAPPED;
+                    goto out;
+                }
+                if ((st = states_reserve(ctx, w, (size_t)nst + 1, W)))
+                    goto out;
+                t = nst++;
+                memcpy(w->bits + (size_t)t * W, T, sizeof(uint64_t) * (size_t)W);
+                w->hash[t] = hv;
+                w->tab[h] = t;
+                w->closed[t] = 0;
+                w->depth[t] = w->depth[s] + 1;
+                if ((size_t)nst * 2 > w->c_tab) {
+                    if ((st = table_rebuild(ctx, w, w->c_tab * 2, nst)))
+                        goto out;
+                    tmask = w->c_tab - 1;
+                }
+            }
+            w->g[t] = g2;
+            w->live[t] = live2;
+            w->fval[t] = f2;
+            w->parent[t] = s;
+            w->last[t] = v;
+            e.f = f2;
+            e.depth = w->depth[t];
+            e.idx = t;
+            if ((st = heap_push(ctx, w, &hn, e)))
+                goto out;
+        }
+    }
+    if (goal >= 0) {
+        /* rewrite cur[a..b) along the path; refresh pos, dur, lbef */
+        int32_t s = goal;
+        i = k;
+        while (w->parent[s] >= 0) {
+            w->path[--i] = s;
+            s = w->parent[s];
+        }
+        for (i = 0; i < k; i++) {
+            int32_t t = w->path[i], v = w->ops[w->last[t]], p = w->parent[t];
+            P->cur[J->a + i] = v;
+            P->pos[v] = J->a + i;
+            P->lbef[J->a + i] = w->live[p];
+            P->dur[J->a + i] = w->live[p] + w->ab[w->last[t]];
+        }
+        J->outcome = SEG_IMPROVED;
+    }
+out:
+    J->states = nst;
+    /* the maps must be clean for the next call; cur[a..b) holds the same ops */
+    seg_unmap(P, J->a, J->b);
+    return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* mf_plan                                                             */
+
+static const char *const HEUR_NAMES[] = {"input", "greedy", "greedy-peak", "dfs"};
+#define N_HEUR 4
+
+static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *g,
+                     const mf_plan_options *opt, mf_plan_result *out)
+{
+    mf_pg pg;
+    mf_tracker tr;
+    heur_ws hw;
+    plan_st P;
+    int32_t n = g->n_ops, i, k, h, best_h = -1, np = 0;
+    int32_t *ident, *scratch, *hord[N_HEUR], *piece_of, *poff, *pfill, *cand;
+    int64_t hpeak[N_HEUR], LB = 0, U, F, budget, win_budget, states = 0, peak, sim_peak;
+    int64_t max_states = (opt && opt->max_states > 0) ? opt->max_states : MF_DEFAULT_MAX_STATES;
+    /* NOTE [state budget]
+     * max_states bounds the DP states one mf_plan call creates, all DP runs
+     * together.  One piece DP may create at most
+     * run_cap = max(max_states / 4, min(max_states, 4096)) and one window
+     * win_cap = max(max_states / 32, min(max_states, 1024)), so a graph of
+     * many hard pieces stays within time (about 0.4 us per state) instead of
+     * spending the whole budget on its first piece.  Pieces are solved from
+     * the highest peak down; the first one left unproven (capped, too large,
+     * out of budget) ends the piece loop, since no later piece can then
+     * lower the plan's peak; windows continue with what is left, at most
+     * max(max_states / 4, win_cap) states in all. */
+    int64_t run_cap = max_states / 4 > (max_states < 4096 ? max_states : 4096)
+                          ? max_states / 4
+                          : (max_states < 4096 ? max_states : 4096);
+    int64_t win_cap = max_states / 32 > (max_states < 1024 ? max_states : 1024)
+                          ? max_states / 32
+                          : (max_states < 1024 ? max_states : 1024);
+    int fuse = opt ? opt->fuse : 1, input_valid, improved = 0, mixed = 0;
+    int st;
+
+    memset(&P, 0, sizeof P);
+    P.sw = sw;
+    st = mf_pg_build(ctx, a, g, &pg);
+    if (st)
+        return st;
+    if ((st = mf_tracker_init(ctx, a, &pg, &tr)) || (st = heur_ws_init(ctx, a, &pg, &hw)))
+        return st;
+    ident = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    scratch = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    if (!ident || !scratch)
+        return MF_ENOMEM;
+    for (i = 0; i < n; i++)
+        ident[i] = i;
+
+    /* 1-2: baseline, lower bound */
+    st = mf_pg_simulate(ctx, a, &pg, ident, NULL, n, &out->baseline_peak_bytes, NULL, NULL);
+    if (st)
+        return st;
+    input_valid = mf_pg_order_valid(&pg, ident, scratch);
+    LB = pg.outbytes;
+    for (k = 0; k < n; k++)
+        if (pg.oplb[k] > LB)
+            LB = pg.oplb[k];
+    out->lower_bound_bytes = LB;
+
+    /* 3: heuristics */
+    for (h = 0; h < N_HEUR; h++) {
+        hord[h] = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+        if (!hord[h])
+            return MF_ENOMEM;
+    }
+    memcpy(hord[0], ident, sizeof(int32_t) * (size_t)n);
+    greedy_order(&pg, &hw, 0, hord[1]);
+    greedy_order(&pg, &hw, 1, hord[2]);
+    dfs_order(&pg, &hw, hord[3]);
+    for (h = 0; h < N_HEUR; h++) {
+        if (h == 0 && !input_valid) {
+            hpeak[h] = INT64_MAX;
+            continue;
+        }
+        hpeak[h] = mf_tracker_peak(&tr, hord[h], n);
+        if (best_h < 0 || hpeak[h] < hpeak[best_h])
+            best_h = h;
+    }
+    U = hpeak[best_h];
+
+    P.ctx = ctx;
+    P.pg = &pg;
+    P.cur = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    P.pos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    P.dur = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    P.lbef = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    if (!P.cur || !P.pos || !P.dur || !P.lbef)
+        return MF_ENOMEM;
+    F = LB;
+    if (U <= LB) {
+        memcpy(P.cur, hord[best_h], sizeof(int32_t) * (size_t)n);
+        out->method = "lower-bound";
+    } else {
+        /* 4: pieces, best restriction of each heuristic per piece */
+        int32_t *order_of_piece;
+        int64_t *ppeak, *plive0;
+        int8_t *pdone;
+        uint8_t *kind, *emitted;
+        piece_of = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+        kind = (uint8_t *)mf_arena_array(ctx, a, (size_t)n + 1, 1);
+        emitted = (uint8_t *)mf_arena_array(ctx, a, (size_t)n + 1, 1);
+        if (!piece_of || !kind || !emitted)
+            return MF_ENOMEM;
+        if ((st = find_pieces(ctx, a, &pg, hord[best_h], piece_of, kind, &np)))
+            return st;
+        poff = (int32_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int32_t));
+        pfill = (int32_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int32_t));
+        cand = (int32_t *)mf_arena_array(ctx, a, (size_t)n * N_HEUR + 1, sizeof(int32_t));
+        ppeak = (int64_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int64_t));
+        plive0 = (int64_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int64_t));
+        pdone = (int8_t *)mf_arena_array(ctx, a, (size_t)np + 1, 1);
+        order_of_piece = (int32_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int32_t));
+        P.sw->lmap = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+        P.sw->smap = (int32_t *)mf_arena_array(ctx, a, (size_t)pg.ns + 1, sizeof(int32_t));
+        if (!poff || !pfill || !cand || !ppeak || !plive0 || !pdone || !order_of_piece || !P.sw->lmap ||
+            !P.sw->smap)
+            return MF_ENOMEM;
+        for (k = 0; k < n; k++) {
+            P.sw->lmap[k] = -1;
+            poff[piece_of[k] + 1]++;
+        }
+        for (k = 0; k < pg.ns; k++)
+            P.sw->smap[k] = -1;
+        for (i = 0; i < np; i++)
+            poff[i + 1] += poff[i];
+        for (h = 0; h < N_HEUR; h++) {
+            int32_t *c = cand + (size_t)h * n;
+            if (hpeak[h] == INT64_MAX)
+                continue;
+            /* NOTE [normalized candidates]: each heuristic order is split by
+             * piece with every floating op moved to just before its first
+             * successor (NOTE [cut points]); the concatenation is then never
+             * worse than the heuristic order itself, so the plan is never
+             * worse than the best heuristic, the input order included. */
+            memcpy(pfill, poff, sizeof(int32_t) * (size_t)np);
+            memset(emitted, 0, (size_t)n);
+            for (i = 0; i < n; i++) {
+                int32_t v = hord[h][i], j;
+                if (kind[v] == 1)
+                    continue;
+                for (j = pg.pred_ptr[v]; j < pg.pred_ptr[v + 1]; j++) {
+                    int32_t p = pg.pred[j];
+                    if (kind[p] == 1 && !emitted[p]) {
+                        emitted[p] = 1;
+                        c[pfill[piece_of[p]]++] = p;
+                    }
+                }
+                c[pfill[piece_of[v]]++] = v;
+            }
+        }
+        mf_tracker_reset(&tr);
+        for (i = 0; i < np; i++) {
+            int32_t lo = poff[i], hi = poff[i + 1], j, bh = -1;
+            int64_t live0 = tr.live, bpk = INT64_MAX;
+            plive0[i] = live0;
+            for (h = 0; h < N_HEUR; h++) {
+                const int32_t *c = cand + (size_t)h * n;
+                int64_t pk = 0;
+                if (hpeak[h] == INT64_MAX)
+                    continue;
+                for (j = lo; j < hi; j++) {
+                    int64_t d = mf_tracker_apply(&tr, c[j]);
+                    if (d > pk)
+                        pk = d;
+                }
+                for (j = lo; j < hi; j++)
+                    mf_tracker_undo(&tr, c[j]);
+                tr.live = live0;
+                if (pk < bpk || (pk == bpk && h == best_h)) {
+                    bpk = pk;
+                    bh = h;
+                }
+            }
+            if (bh != best_h)
+                mixed = 1;
+            ppeak[i] = bpk;
+            memcpy(P.cur + lo, cand + (size_t)bh * n + lo, sizeof(int32_t) * (size_t)(hi - lo));
+            for (j = lo; j < hi; j++) {
+                P.lbef[j] = tr.live;
+                P.dur[j] = mf_tracker_apply(&tr, P.cur[j]);
+                P.pos[P.cur[j]] = j;
+            }
+        }
+        /* 5: DP per piece, highest peak first (selection by a sort on ppeak) */
+        for (i = 0; i < np; i++)
+            order_of_piece[i] = i;
+        {
+            iheap q;
+            int64_t *negpk = (int64_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int64_t));
+            int64_t *zero = (int64_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int64_t));
+            q.h = (int32_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int32_t));
+            q.at = (int32_t *)mf_arena_array(ctx, a, (size_t)np + 1, sizeof(int32_t));
+            if (!negpk || !zero || !q.h || !q.at)
+                return MF_ENOMEM;
+            for (i = 0; i < np; i++)
+                negpk[i] = -ppeak[i];
+            q.k1 = negpk;
+            q.k2 = zero;
+            q.size = 0;
+            for (i = 0; i < np; i++)
+                ih_push(&q, i);
+            for (i = 0; i < np; i++)
+                order_of_piece[i] = ih_pop(&q);
+        }
+        budget = max_states;
+        for (i = 0; i < np; i++) {
+            int32_t p = order_of_piece[i];
+            seg_job J;
+            if (ppeak[p] <= F) {
+                pdone[p] = 1;
+                continue;
+            }
+            /* the first piece left unproven has the highest peak among the
+             * rest: no later piece can lower the plan's peak below it */
+            if (poff[p + 1] - poff[p] > MF_DP_MAX_OPS || budget <= 0)
+                break;
+            memset(&J, 0, sizeof J);
+            J.a = poff[p];
+            J.b = poff[p + 1];
+            J.live0 = plive0[p];
+            J.U = ppeak[p];
+            J.F = F;
+            J.cap = budget < run_cap ? budget : run_cap;
+            if ((st = seg_solve(&P, &J)))
+                return st;
+            states += J.states;
+            budget -= J.states;
+            if (J.outcome == SEG_IMPROVED) {
+                int64_t np_ = 0;
+                int32_t j;
+                for (j = poff[p]; j < poff[p + 1]; j++)
+                    if (P.dur[j] > np_)
+                        np_ = P.dur[j];
+                ppeak[p] = np_;
+                improved = 1;
+                pdone[p] = 1;
+                if (J.bound > F)
+                    F = J.bound;
+            } else if (J.outcome == SEG_NO_BETTER) {
+                pdone[p] = 1;
+                if (ppeak[p] > F)
+                    F = ppeak[p];
+            } else {
+                if (J.bound > F)
+                    F = J.bound;
+                break;
+            }
+        }
+        /* 6: windows around the peak step of unfinished pieces */
+        win_budget = budget < max_states / 4 ? budget : max_states / 4;
+        if (win_budget < win_cap && budget >= win_cap)
+            win_budget = win_cap;
+        for (i = 0; i < MF_WIN_ITERS && win_budget > 0; i++) {
+            int32_t pp = 0, j, p, wa, wb;
+            int64_t pk = -1, floor_ = F;
+            seg_job J;
+            for (j = 0; j < n; j++)
+                if (P.dur[j] > pk) {
+                    pk = P.dur[j];
+                    pp = j;
+                }
+            if (pk <= F)
+                break;
+            p = piece_of[P.cur[pp]];
+            if (pdone[p])
+                break; /* the peak is in a proven piece: cannot improve */
+            wa = pp - MF_WIN_LEN / 2;
+            if (wa < poff[p])
+                wa = poff[p];
+            wb = wa + MF_WIN_LEN;
+            if (wb > poff[p + 1])
+                wb = poff[p + 1];
+            if (wb - wa < 2)
+                break;
+            for (j = 0; j < n; j++)
+                if ((j < wa || j >= wb) && P.dur[j] < pk && P.dur[j] > floor_)
+                    floor_ = P.dur[j];
+            memset(&J, 0, sizeof J);
+            J.a = wa;
+            J.b = wb;
+            J.live0 = P.lbef[wa];
+            J.U = pk;
+            J.F = floor_;
+            J.cap = win_budget < win_cap ? win_budget : win_cap;
+            if ((st = seg_solve(&P, &J)))
+                return st;
+            states += J.states;
+            win_budget -= J.states;
+            if (J.outcome != SEG_IMPROVED)
+                break;
+            improved = 1;
+        }
+        if (improved)
+            out->method = "dp";
+        else if (mixed)
+            out->method = "pieces";
+        else
+            out->method = HEUR_NAMES[best_h];
+    }
+
+    /* 7: final checks, fusion grouping */
+    out->order = (int32_t *)mf_alloc(ctx, sizeof(int32_t) * ((size_t)n + 1));
+    out->group_ptr = (int32_t *)mf_alloc(ctx, sizeof(int32_t) * ((size_t)n + 1));
+    if (!out->order || !out->group_ptr)
+        return MF_ENOMEM;
+    memcpy(out->order, P.cur, sizeof(int32_t) * (size_t)n);
+    out->n_ops = n;
+    if (!mf_pg_order_valid(&pg, out->order, scratch))
+        return mf_set_error(ctx, MF_EINTERNAL, "scheduler produced an invalid order");
+    if ((st = mf_pg_simulate(ctx, a, &pg, out->order, NULL, n, &peak, NULL, NULL)))
+        return st;
+    if (peak != mf_tracker_peak(&tr, out->order, n))
+        return mf_set_error(ctx, MF_EINTERNAL, "tracker and simulator disagree on the peak");
+    /* NOTE [never worse]: neither fallback below can trigger (NOTE
+     * [normalized candidates]); they stay as the interface's guarantee.  The
+     * tests build with MF_STRICT_CHECKS, which turns them into errors. */
+#ifdef MF_STRICT_CHECKS
+    if ((input_valid && out->baseline_peak_bytes < peak) || U < peak)
+        return mf_set_error(ctx, MF_EINTERNAL, "plan peak %lld above the input (%lld) or heuristic (%lld) order",
+                            (long long)peak, (long long)out->baseline_peak_bytes, (long long)U);
+#endif
+    if (input_valid && out->baseline_peak_bytes < peak) {
+        memcpy(out->order, ident, sizeof(int32_t) * (size_t)n);
+        peak = out->baseline_peak_bytes;
+        out->method = "input";
+    }
+    if (U < peak) {
+        memcpy(out->order, hord[best_h], sizeof(int32_t) * (size_t)n);
+        peak = U;
+        out->method = HEUR_NAMES[best_h];
+    }
+    out->unfused_peak_bytes = peak;
+    out->optimal = peak <= F;
+    out->states = states;
+    if (out->optimal)
+        out->method = states == 0 ? "lower-bound" : "dp";
+    else if (improved)
+        out->method = "dp-partial";
+    if ((st = mf_fuse_group(ctx, a, &pg, out->order, fuse, out->group_ptr, &out->n_groups, &out->peak_bytes)))
+        return st;
+    if ((st = mf_pg_simulate(ctx, a, &pg, out->order, out->group_ptr, out->n_groups, &sim_peak, NULL, NULL)))
+        return st;
+    if (sim_peak != out->peak_bytes || out->peak_bytes > peak)
+        return mf_set_error(ctx, MF_EINTERNAL, "fusion grouping peak %lld disagrees with the simulator (%lld)",
+                            (long long)out->peak_bytes, (long long)sim_peak);
+    return MF_OK;
+}
+
+int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt, mf_plan_result *out)
+{
+    mf_arena a = {NULL};
+    seg_ws sw;
+    int st;
+    memset(out, 0, sizeof *out);
+    memset(&sw, 0, sizeof sw);
+    out->method = "none";
+    st = mf_graph_check(ctx, g);
+    if (st)
+        return st;
+    st = plan_body(ctx, &a, &sw, g, opt, out);
+    seg_ws_free(ctx, &sw);
+    mf_arena_release(ctx, &a);
+    if (st) {
+        mf_plan_result_free(ctx, out);
+        out->method = "none";
+    }
+    return st;
+}
+
+void mf_plan_result_free(mf_ctx *ctx, mf_plan_result *r)
+{
+    if (!r)
+        return;
+    mf_free(ctx, r->order);
+    mf_free(ctx, r->group_ptr);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,173 @@
+/*
+ * mf_sim.c -- the simulator: NOTE [cost model] in mf_core.h, exactly.
+ *
+ * Two implementations that agree on valid orders (tests check it):
+ *  - mf_pg_simulate: any permutation, any grouping, O(n + E).  A storage is
+ *    allocated at the step (group) g_a of its allocating op and freed after
+ *    step max(g_a, last reading step), or never when an alias is a graph
+ *    output.  For an unread storage that is "right after the op producing
+ *    it"; for a reader placed before the allocator (possible only in an
+ *    invalid order) it is the same deterministic rule.  A group of one op is
+ *    an unfused step (counts every storage it allocates); a larger group
+ *    counts the storages it allocates that are graph outputs or are read by
+ *    some op outside the group.
+ *  - mf_tracker: op-at-a-time live bytes for valid orders, with undo, used by
+ *    the scheduler to score candidates without allocating.
+ */
+#include "mf_internal.h"
+
+#include <string.h>
+
+int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
+                   const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
+                   int64_t *step_bytes, int64_t *live_after)
+{
+    int32_t n = pg->n, i, k, s, j;
+    int32_t *grp, *gsize;
+    int64_t *diff, *cnt, peak = 0, live = 0;
+
+    if (!group_ptr)
+        n_groups = n;
+    if (n_groups < 0)
+        return mf_set_error(ctx, MF_EINVAL, "n_groups is negative (%d)", (int)n_groups);
+    if (group_ptr) {
+        if (group_ptr[0] != 0)
+            return mf_set_error(ctx, MF_EINVAL, "group_ptr[0] is %d, expected 0", (int)group_ptr[0]);
+        for (i = 0; i < n_groups; i++)
+            if (group_ptr[i + 1] < group_ptr[i])
+                return mf_set_error(ctx, MF_EINVAL, "group_ptr decreases at group %d", (int)i);
+        if (group_ptr[n_groups] != n)
+            return mf_set_error(ctx, MF_EINVAL, "group_ptr[%d] is %d, expected n_ops = %d", (int)n_groups,
+                                (int)group_ptr[n_groups], (int)n);
+    }
+    grp = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    gsize = (int32_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int32_t));
+    diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
+    cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
+    if (!grp || !gsize || !diff || !cnt)
+        return MF_ENOMEM;
+    for (k = 0; k < n; k++)
+        grp[k] = -1;
+    for (i = 0; i < n_groups; i++) {
+        int32_t lo = group_ptr ? group_ptr[i] : i, hi = group_ptr ? group_ptr[i + 1] : i + 1;
+        gsize[i] = hi - lo;
+        for (j = lo; j < hi; j++) {
+            int32_t v = order[j];
+            if (v < 0 || v >= n)
+                return mf_set_error(ctx, MF_EINVAL, "order[%d] = %d is out of range [0, %d)", (int)j, (int)v,
+                                    (int)n);
+            if (grp[v] >= 0)
+                return mf_set_error(ctx, MF_EINVAL, "order is not a permutation: op %d appears twice", (int)v);
+            grp[v] = i;
+        }
+    }
+    for (s = 0; s < pg->ns; s++) {
+        int32_t ag = grp[pg->salloc[s]], minr = n_groups, maxr = -1, fx;
+        int64_t b = pg->sbytes[s];
+        for (j = pg->sread_ptr[s]; j < pg->sread_ptr[s + 1]; j++) {
+            int32_t r = grp[pg->sread[j]];
+            if (r < minr)
+                minr = r;
+            if (r > maxr)
+                maxr = r;
+        }
+        if (gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag)
+            cnt[ag] += b;
+        fx = pg->sout[s] ? n_groups : (maxr > ag ? maxr : ag); /* gone from live_after[fx] */
+        diff[ag] += b;
+        diff[fx] -= b;
+    }
+    for (i = 0; i < n_groups; i++) {
+        int64_t during = live + cnt[i];
+        live += diff[i];
+        if (during > peak)
+            peak = during;
+        if (step_bytes)
+            step_bytes[i] = during;
+        if (live_after)
+            live_after[i] = live;
+    }
+    *peak_out = peak;
+    return MF_OK;
+}
+
+int mf_simulate(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order, const int32_t *group_ptr,
+                int32_t n_groups, int64_t *peak_out, int64_t *step_bytes, int64_t *live_after)
+{
+    mf_arena a = {NULL};
+    mf_pg pg;
+    int st;
+    *peak_out = 0;
+    st = mf_graph_check(ctx, g);
+    if (st)
+        return st;
+    if (!order && g->n_ops > 0)
+        return mf_set_error(ctx, MF_EINVAL, "order is NULL");
+    st = mf_pg_build(ctx, &a, g, &pg);
+    if (!st)
+        st = mf_pg_simulate(ctx, &a, &pg, order, group_ptr, n_groups, peak_out, step_bytes, live_after);
+    mf_arena_release(ctx, &a);
+    return st;
+}
+
+/* ---- tracker ---- */
+
+int mf_tracker_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_tracker *t)
+{
+    t->pg = pg;
+    t->rc = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
+    t->done = (uint8_t *)mf_arena_array(ctx, a, (size_t)pg->n + 1, 1);
+    if (!t->rc || !t->done)
+        return MF_ENOMEM;
+    mf_tracker_reset(t);
+    return MF_OK;
+}
+
+void mf_tracker_reset(mf_tracker *t)
+{
+    const mf_pg *pg = t->pg;
+    int32_t s;
+    for (s = 0; s < pg->ns; s++)
+        t->rc[s] = pg->sread_ptr[s + 1] - pg->sread_ptr[s];
+    memset(t->done, 0, (size_t)pg->n);
+    t->live = 0;
+}
+
+int64_t mf_tracker_apply(mf_tracker *t, int32_t v)
+{
+    const mf_pg *pg = t->pg;
+    int64_t during = t->live + pg->abytes[v];
+    int32_t j;
+    t->live = during;
+    t->done[v] = 1;
+    for (j = pg->oread_ptr[v]; j < pg->oread_ptr[v + 1]; j++)
+        t->rc[pg->oread[j]]--;
+    for (j = pg->otouch_ptr[v]; j < pg->otouch_ptr[v + 1]; j++) {
+        int32_t s = pg->otouch[j];
+        if (!pg->sout[s] && t->rc[s] == 0 && t->done[pg->salloc[s]])
+            t->live -= pg->sbytes[s];
+    }
+    return during;
+}
+
+void mf_tracker_undo(mf_tracker *t, int32_t v)
+{
+    const mf_pg *pg = t->pg;
+    int32_t j;
+    t->done[v] = 0;
+    for (j = pg->oread_ptr[v]; j < pg->oread_ptr[v + 1]; j++)
+        t->rc[pg->oread[j]]++;
+}
+
+int64_t mf_tracker_peak(mf_tracker *t, const int32_t *order, int32_t n)
+{
+    int64_t peak = 0;
+    int32_t i;
+    mf_tracker_reset(t);
+    for (i = 0; i < n; i++) {
+        int64_t d = mf_tracker_apply(t, order[i]);
+        if (d > peak)
+            peak = d;
+    }
+    return peak;
+}

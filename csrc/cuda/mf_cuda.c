@@ -1,0 +1,666 @@
+/*
+ * mf_cuda.c -- dlopen() loader for the CUDA driver, NVRTC and cuBLAS, plus the
+ * driver and cuBLAS helpers (primary context, module load, launch, GEMM).
+ *
+ * Invariants:
+ *  - No library is opened before the first mf_cuda_load() (never at import).
+ *  - Each symbol is named once, in the X-macros of mf_cuda.h.
+ *  - Every dlerror() text met while searching is kept in the library's info
+ *    record, so "why was NVRTC not found" has a precise answer.
+ *  - All mutable state is process-wide and guarded by one mutex
+ *    (NOTE [cuda lock] in mf_cuda.h).
+ */
+#define _GNU_SOURCE /* dladdr, RTLD_NOLOAD */
+#include "mf_cuda.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_DIRS 64
+#define MAX_DEVICES 64
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void mf_cuda_lock(void) { pthread_mutex_lock(&g_lock); }
+void mf_cuda_unlock(void) { pthread_mutex_unlock(&g_lock); }
+
+/* ---- tables ---------------------------------------------------------------- */
+
+static mf_cuda_driver_api g_driver;
+static mf_cuda_nvrtc_api g_nvrtc;
+static mf_cuda_cublas_api g_cublas;
+
+typedef struct sym_entry {
+    const char *name;   /* exported symbol */
+    size_t offset;      /* of the pointer in its table */
+    int required;
+} sym_entry;
+
+#define DRV_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_driver_api, field), req},
+#define NVRTC_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_nvrtc_api, field), req},
+#define CUBLAS_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_cublas_api, field), req},
+static const sym_entry driver_syms[] = {MF_CUDA_DRIVER_SYMBOLS(DRV_ENTRY){NULL, 0, 0}};
+static const sym_entry nvrtc_syms[] = {MF_CUDA_NVRTC_SYMBOLS(NVRTC_ENTRY){NULL, 0, 0}};
+static const sym_entry cublas_syms[] = {MF_CUDA_CUBLAS_SYMBOLS(CUBLAS_ENTRY){NULL, 0, 0}};
+#undef DRV_ENTRY
+#undef NVRTC_ENTRY
+#undef CUBLAS_ENTRY
+
+/*
+ * NOTE [library names]
+ * Versioned sonames first, newest major first, then the unversioned name
+ * (present only with a toolkit's -dev files).  The driver's soname has been
+ * libcuda.so.1 for every CUDA release.
+ */
+static const char *const driver_names[] = {"libcuda.so.1", "libcuda.so", NULL};
+static const char *const nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2",
+                                          "libnvrtc.so", NULL};
+static const char *const cublas_names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11",
+                                           "libcublas.so", NULL};
+
+typedef struct lib_desc {
+    const char *label;
+    const char *const *names;
+    const sym_entry *syms;
+    void *table;
+    size_t table_size;
+} lib_desc;
+
+static const lib_desc g_libs[MF_CUDA_LIB_COUNT] = {
+    {"CUDA driver", driver_names, driver_syms, &g_driver, sizeof g_driver},
+    {"NVRTC", nvrtc_names, nvrtc_syms, &g_nvrtc, sizeof g_nvrtc},
+    {"cuBLAS", cublas_names, cublas_syms, &g_cublas, sizeof g_cublas},
+};
+
+typedef struct lib_state {
+    mf_cuda_lib_info info;
+    void *handle;
+    void *preload;   /* libnvrtc-builtins, opened RTLD_GLOBAL next to libnvrtc */
+} lib_state;
+
+static lib_state g_state[MF_CUDA_LIB_COUNT];
+
+static char *g_dirs[MAX_DIRS];
+static int g_ndirs;
+
+/* ---- small helpers --------------------------------------------------------- */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Append "; text" to a bounded buffer (truncating quietly). */
+static void append_msg(char *buf, size_t buflen, const char *text)
+{
+    size_t used = strlen(buf);
+    if (used + 3 >= buflen)
+        return;
+    if (used > 0) {
+        memcpy(buf + used, "; ", 2);
+        used += 2;
+        buf[used] = '\0';
+    }
+    snprintf(buf + used, buflen - used, "%s", text);
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+int mf_cuda_set_search_dirs(const char *const *dirs, int n, char *err, size_t errlen)
+{
+    int i;
+    if (n < 0 || (n > 0 && !dirs)) {
+        set_err(err, errlen, "bad search directory list");
+        return MF_CUDA_EINVAL;
+    }
+    if (n > MAX_DIRS)
+        n = MAX_DIRS;
+    mf_cuda_lock();
+    for (i = 0; i < g_ndirs; i++) {
+        free(g_dirs[i]);
+        g_dirs[i] = NULL;
+    }
+    g_ndirs = 0;
+    for (i = 0; i < n; i++) {
+        size_t len = strlen(dirs[i]);
+        char *copy = (char *)malloc(len + 1);
+        if (!copy) {
+            mf_cuda_unlock();
+            set_err(err, errlen, "out of memory");
+            return MF_CUDA_ENOMEM;
+        }
+        memcpy(copy, dirs[i], len + 1);
+        g_dirs[g_ndirs++] = copy;
+    }
+    mf_cuda_unlock();
+    mf_cuda_reset_failed();
+    return MF_CUDA_OK;
+}
+
+void mf_cuda_get_search_dirs(char *buf, size_t buflen)
+{
+    int i;
+    size_t used = 0;
+    if (!buf || buflen == 0)
+        return;
+    buf[0] = '\0';
+    mf_cuda_lock();
+    for (i = 0; i < g_ndirs && used + 1 < buflen; i++) {
+        int w = snprintf(buf + used, buflen - used, "%s%s", i ? ":" : "", g_dirs[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    mf_cuda_unlock();
+}
+
+void mf_cuda_reset_failed(void)
+{
+    int i;
+    mf_cuda_lock();
+    for (i = 0; i < MF_CUDA_LIB_COUNT; i++) {
+        if (g_state[i].info.attempted && !g_state[i].info.loaded)
+            memset(&g_state[i].info, 0, sizeof g_state[i].info);
+    }
+    mf_cuda_unlock();
+}
+
+/* Resolve every symbol of lib from handle.  0 when all required ones exist;
+ * otherwise the missing names go into st->info.error. */
+static int resolve(const lib_desc *lib, lib_state *st, void *handle)
+{
+    const sym_entry *e;
+    int ok = 1;
+    memset(lib->table, 0, lib->table_size);
+    for (e = lib->syms; e->name; e++) {
+        void *p;
+        dlerror();
+        p = dlsym(handle, e->name);
+        if (!p && e->required) {
+            const char *why = dlerror();
+            char msg[512];
+            snprintf(msg, sizeof msg, "missing symbol %s (%s)", e->name, why ? why : "?");
+            append_msg(st->info.error, sizeof st->info.error, msg);
+            ok = 0;
+        }
+        memcpy((char *)lib->table + e->offset, &p, sizeof p);
+    }
+    return ok ? 0 : -1;
+}
+
+/*
+ * NOTE [nvrtc builtins]
+ * libnvrtc opens libnvrtc-builtins.so.<major>.<minor> by soname at compile
+ * time.  The pip wheels ship it next to libnvrtc but that folder is not on the
+ * loader path, so before opening <dir>/libnvrtc.so.N we open the builtins from
+ * the same folder with RTLD_GLOBAL; NVRTC's own dlopen then finds the
+ * already-loaded library by its soname.
+ */
+static void preload_nvrtc_builtins(lib_state *st, const char *dir, const char *soname)
+{
+    DIR *d;
+    struct dirent *ent;
+    const char *ver = strstr(soname, ".so.");
+    char prefix[64];
+    char best[512] = "";
+    if (!ver || st->preload)
+        return;
+    /* libnvrtc.so.13 -> libnvrtc-builtins.so.13. */
+    snprintf(prefix, sizeof prefix, "libnvrtc-builtins.so.%s", ver + 4);
+    d = opendir(dir);
+    if (!d)
+        return;
+    while ((ent = readdir(d)) != NULL) {
+        if (strncmp(ent->d_name, prefix, strlen(prefix)) == 0 &&
+            (best[0] == '\0' || strcmp(ent->d_name, best) > 0))
+            snprintf(best, sizeof best, "%s", ent->d_name);
+    }
+    closedir(d);
+    if (best[0]) {
+        char path[MF_CUDA_PATH_LEN];
+        snprintf(path, sizeof path, "%s/%s", dir, best);
+        st->preload = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+        if (!st->preload) {
+            const char *why = dlerror();
+            append_msg(st->info.error, sizeof st->info.error, why ? why : path);
+        }
+    }
+}
+
+/* Try one dlopen; on success resolve the table.  1 loaded, 0 not. */
+static int try_open(int which, const char *path, int flags, const char *how)
+{
+    const lib_desc *lib = &g_libs[which];
+    lib_state *st = &g_state[which];
+    void *h;
+    dlerror();
+    h = dlopen(path, flags);
+    if (!h) {
+        if (!(flags & RTLD_NOLOAD)) {
+            const char *why = dlerror();
+            append_msg(st->info.error, sizeof st->info.error, why ? why : path);
+        }
+        return 0;
+    }
+    if (resolve(lib, st, h) != 0) {
+        dlclose(h);
+        return 0;
+    }
+    st->handle = h;
+    st->info.loaded = 1;
+    snprintf(st->info.how, sizeof st->info.how, "%s", how);
+    {
+        /* The real file: ask the loader where the first symbol lives. */
+        Dl_info dli;
+        void *first = NULL;
+        memcpy(&first, (char *)lib->table + lib->syms[0].offset, sizeof first);
+        if (first && dladdr(first, &dli) && dli.dli_fname)
+            snprintf(st->info.path, sizeof st->info.path, "%s", dli.dli_fname);
+        else
+            snprintf(st->info.path, sizeof st->info.path, "%s", path);
+    }
+    return 1;
+}
+
+static int search_dir(int which, const char *dir, const char *how)
+{
+    const lib_desc *lib = &g_libs[which];
+    const char *const *name;
+    for (name = lib->names; *name; name++) {
+        char path[MF_CUDA_PATH_LEN];
+        snprintf(path, sizeof path, "%s/%s", dir, *name);
+        if (!file_exists(path))
+            continue;
+        if (which == MF_CUDA_LIB_NVRTC)
+            preload_nvrtc_builtins(&g_state[which], dir, *name);
+        if (try_open(which, path, RTLD_NOW | RTLD_LOCAL, how))
+            return 1;
+    }
+    return 0;
+}
+
+/* The search order of NOTE [library search] (docs/CUDA.md). */
+static int load_locked(int which)
+{
+    const lib_desc *lib = &g_libs[which];
+    lib_state *st = &g_state[which];
+    const char *const *name;
+    const char *envs[2] = {"CUDA_HOME", "CUDA_PATH"};
+    int i;
+
+    st->info.attempted = 1;
+    st->info.error[0] = '\0';
+    /* 1. Already in the process (e.g. PyTorch opened it): share that copy. */
+    for (name = lib->names; *name; name++)
+        if (try_open(which, *name, RTLD_NOW | RTLD_NOLOAD, "already loaded"))
+            return 1;
+    /* 2. The nvidia pip wheels' lib folders handed over by Python. */
+    for (i = 0; i < g_ndirs; i++)
+        if (search_dir(which, g_dirs[i], "search dir"))
+            return 1;
+    /* 3. A toolkit: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda. */
+    for (i = 0; i < 3; i++) {
+        const char *root = i < 2 ? getenv(envs[i]) : "/usr/local/cuda";
+        char dir[MF_CUDA_PATH_LEN];
+        if (!root || !root[0])
+            continue;
+        snprintf(dir, sizeof dir, "%s/lib64", root);
+        if (search_dir(which, dir, i < 2 ? envs[i] : "/usr/local/cuda"))
+            return 1;
+    }
+    /* 4. The default loader path (LD_LIBRARY_PATH, ld.so.cache). */
+    for (name = lib->names; *name; name++)
+        if (try_open(which, *name, RTLD_NOW | RTLD_LOCAL, "loader path"))
+            return 1;
+    return 0;
+}
+
+int mf_cuda_load(int which, char *err, size_t errlen)
+{
+    lib_state *st;
+    int ok;
+    if (which < 0 || which >= MF_CUDA_LIB_COUNT) {
+        set_err(err, errlen, "bad library id %d", which);
+        return MF_CUDA_EINVAL;
+    }
+    st = &g_state[which];
+    mf_cuda_lock();
+    if (st->info.loaded)
+        ok = 1;
+    else if (st->info.attempted)
+        ok = 0;
+    else
+        ok = load_locked(which);
+    if (!ok)
+        set_err(err, errlen, "%s not found: %s", g_libs[which].label,
+                st->info.error[0] ? st->info.error : "no candidate file");
+    mf_cuda_unlock();
+    return ok ? MF_CUDA_OK : MF_CUDA_ENOTFOUND;
+}
+
+void mf_cuda_lib_info_get(int which, mf_cuda_lib_info *out)
+{
+    if (which < 0 || which >= MF_CUDA_LIB_COUNT) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    mf_cuda_lock();
+    *out = g_state[which].info;
+    mf_cuda_unlock();
+}
+
+const mf_cuda_driver_api *mf_cuda_driver(void) { return &g_driver; }
+const mf_cuda_nvrtc_api *mf_cuda_nvrtc(void) { return &g_nvrtc; }
+const mf_cuda_cublas_api *mf_cuda_cublas(void) { return &g_cublas; }
+
+/* ---- driver helpers ----------------------------------------------------- */
+
+static int g_init_done;          /* cuInit succeeded */
+static mf_CUresult g_init_result;
+static int g_init_tried;
+static mf_CUcontext g_ctx[MAX_DEVICES];
+static mf_cublasHandle g_cublas_handle[MAX_DEVICES];
+
+static void cu_err(mf_CUresult r, const char *what, char *err, size_t errlen)
+{
+    const char *name = NULL, *text = NULL;
+    if (g_driver.cuGetErrorName)
+        g_driver.cuGetErrorName(r, &name);
+    if (g_driver.cuGetErrorString)
+        g_driver.cuGetErrorString(r, &text);
+    set_err(err, errlen, "%s failed: %s (%d): %s", what, name ? name : "CUDA_ERROR", r,
+            text ? text : "unknown error");
+}
+
+/* Called with the lock held and the driver loaded. */
+static int init_locked(char *err, size_t errlen)
+{
+    if (!g_init_tried) {
+        g_init_tried = 1;
+        g_init_result = g_driver.cuInit(0);
+        g_init_done = g_init_result == 0;
+    }
+    if (!g_init_done) {
+        cu_err(g_init_result, "cuInit", err, errlen);
+        return MF_CUDA_EDRIVER;
+    }
+    return MF_CUDA_OK;
+}
+
+int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_t errlen)
+{
+    int rc;
+    mf_CUresult r;
+    *driver_version = -1;
+    *device_count = 0;
+    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    mf_cuda_lock();
+    r = g_driver.cuDriverGetVersion(driver_version);
+    if (r != 0) {
+        cu_err(r, "cuDriverGetVersion", err, errlen);
+        mf_cuda_unlock();
+        return MF_CUDA_EDRIVER;
+    }
+    rc = init_locked(err, errlen);
+    if (rc == MF_CUDA_OK) {
+        r = g_driver.cuDeviceGetCount(device_count);
+        if (r != 0) {
+            cu_err(r, "cuDeviceGetCount", err, errlen);
+            rc = MF_CUDA_EDRIVER;
+        }
+    }
+    mf_cuda_unlock();
+    return rc;
+}
+
+/* Lock held, driver loaded. */
+static int use_device_locked(int device, mf_CUdevice *dev_out, char *err, size_t errlen)
+{
+    mf_CUresult r;
+    mf_CUdevice dev;
+    mf_CUcontext cur = NULL;
+    int rc = init_locked(err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    if (device < 0 || device >= MAX_DEVICES) {
+        set_err(err, errlen, "device index %d out of range", device);
+        return MF_CUDA_ENODEV;
+    }
+    r = g_driver.cuDeviceGet(&dev, device);
+    if (r != 0) {
+        cu_err(r, "cuDeviceGet", err, errlen);
+        return MF_CUDA_ENODEV;
+    }
+    if (!g_ctx[device]) {
+        r = g_driver.cuDevicePrimaryCtxRetain(&g_ctx[device], dev);
+        if (r != 0) {
+            g_ctx[device] = NULL;
+            cu_err(r, "cuDevicePrimaryCtxRetain", err, errlen);
+            return MF_CUDA_EDRIVER;
+        }
+    }
+    r = g_driver.cuCtxGetCurrent(&cur);
+    if (r != 0) {
+        cu_err(r, "cuCtxGetCurrent", err, errlen);
+        return MF_CUDA_EDRIVER;
+    }
+    if (cur != g_ctx[device]) {
+        r = g_driver.cuCtxSetCurrent(g_ctx[device]);
+        if (r != 0) {
+            cu_err(r, "cuCtxSetCurrent", err, errlen);
+            return MF_CUDA_EDRIVER;
+        }
+    }
+    if (dev_out)
+        *dev_out = dev;
+    return MF_CUDA_OK;
+}
+
+int mf_cuda_use_device(int device, char *err, size_t errlen)
+{
+    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    mf_cuda_lock();
+    rc = use_device_locked(device, NULL, err, errlen);
+    mf_cuda_unlock();
+    return rc;
+}
+
+int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen)
+{
+    mf_CUdevice dev;
+    int major = 0, minor = 0, sms = 0;
+    mf_CUresult r;
+    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    mf_cuda_lock();
+    rc = use_device_locked(device, &dev, err, errlen);
+    if (rc == MF_CUDA_OK) {
+        r = g_driver.cuDeviceGetAttribute(&major, MF_CU_ATTR_CC_MAJOR, dev);
+        if (r == 0)
+            r = g_driver.cuDeviceGetAttribute(&minor, MF_CU_ATTR_CC_MINOR, dev);
+        if (r == 0)
+            r = g_driver.cuDeviceGetAttribute(&sms, MF_CU_ATTR_MULTIPROCESSOR_COUNT, dev);
+        if (r != 0) {
+            cu_err(r, "cuDeviceGetAttribute", err, errlen);
+            rc = MF_CUDA_EDRIVER;
+        }
+    }
+    mf_cuda_unlock();
+    if (rc == MF_CUDA_OK) {
+        *arch = major * 10 + minor;
+        if (sm_count)
+            *sm_count = sms;
+    }
+    return rc;
+}
+
+int mf_cuda_load_function(int device, const void *image, const char *name,
+                          mf_CUfunction *fn_out, char *err, size_t errlen)
+{
+    mf_CUmodule mod = NULL;
+    mf_CUresult r;
+    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    mf_cuda_lock();
+    rc = use_device_locked(device, NULL, err, errlen);
+    if (rc == MF_CUDA_OK) {
+        r = g_driver.cuModuleLoadData(&mod, image);
+        if (r != 0) {
+            cu_err(r, "cuModuleLoadData", err, errlen);
+            rc = MF_CUDA_EDRIVER;
+        } else {
+            r = g_driver.cuModuleGetFunction(fn_out, mod, name);
+            if (r != 0) {
+                cu_err(r, "cuModuleGetFunction", err, errlen);
+                rc = MF_CUDA_EDRIVER;
+            }
+        }
+    }
+    mf_cuda_unlock();
+    return rc;
+}
+
+int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int block,
+                   mf_CUstream stream, void *params, char *err, size_t errlen)
+{
+    void *kernel_params[1];
+    mf_CUresult r;
+    int rc = mf_cuda_use_device(device, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    kernel_params[0] = params;
+    r = g_driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, kernel_params, NULL);
+    if (r != 0) {
+        cu_err(r, "cuLaunchKernel", err, errlen);
+        return MF_CUDA_EDRIVER;
+    }
+    return MF_CUDA_OK;
+}
+
+/* ---- cuBLAS ---------------------------------------------------------------- */
+
+static void cublas_err(mf_cublasStatus s, const char *what, char *err, size_t errlen)
+{
+    const char *text = g_cublas.cublasGetStatusString ? g_cublas.cublasGetStatusString(s) : NULL;
+    set_err(err, errlen, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
+}
+
+int mf_cuda_cublas_version(void)
+{
+    int major = -1, minor = 0, patch = 0;
+    if (mf_cuda_load(MF_CUDA_LIB_CUBLAS, NULL, 0) != MF_CUDA_OK || !g_cublas.cublasGetProperty)
+        return -1;
+    /* libraryPropertyType: MAJOR_VERSION 0, MINOR_VERSION 1, PATCH_LEVEL 2 */
+    if (g_cublas.cublasGetProperty(0, &major) != 0 || g_cublas.cublasGetProperty(1, &minor) != 0 ||
+        g_cublas.cublasGetProperty(2, &patch) != 0)
+        return -1;
+    return major * 10000 + minor * 100 + patch;
+}
+
+int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
+{
+    mf_cublasStatus s;
+    int rc, compute;
+    float alpha32 = (float)g->alpha, beta32 = (float)g->beta;
+    const void *alpha, *beta;
+    mf_cublasHandle h;
+
+    switch (g->dtype) {
+    case MF_CUDA_R_32F:
+        compute = g->allow_tf32 ? MF_CUBLAS_COMPUTE_32F_FAST_TF32 : MF_CUBLAS_COMPUTE_32F;
+        alpha = &alpha32;
+        beta = &beta32;
+        break;
+    case MF_CUDA_R_16F:
+    case MF_CUDA_R_16BF:
+        compute = MF_CUBLAS_COMPUTE_32F;
+        alpha = &alpha32;
+        beta = &beta32;
+        break;
+    case MF_CUDA_R_64F:
+        compute = MF_CUBLAS_COMPUTE_64F;
+        alpha = &g->alpha;
+        beta = &g->beta;
+        break;
+    default:
+        set_err(err, errlen, "cuBLAS GEMM: unsupported data type %d", g->dtype);
+        return MF_CUDA_EINVAL;
+    }
+    if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 1) {
+        set_err(err, errlen, "cuBLAS GEMM: bad sizes m=%d n=%d k=%d batch=%d", g->m, g->n, g->k,
+                g->batch);
+        return MF_CUDA_EINVAL;
+    }
+    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc == MF_CUDA_OK)
+        rc = mf_cuda_load(MF_CUDA_LIB_CUBLAS, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+
+    /* The handle is shared per device: set stream, workspace and run under
+     * the lock so two threads never interleave on it. */
+    mf_cuda_lock();
+    rc = use_device_locked(g->device, NULL, err, errlen);
+    if (rc != MF_CUDA_OK)
+        goto done;
+    if (!g_cublas_handle[g->device]) {
+        s = g_cublas.cublasCreate(&g_cublas_handle[g->device]);
+        if (s != 0) {
+            g_cublas_handle[g->device] = NULL;
+            cublas_err(s, "cublasCreate", err, errlen);
+            rc = MF_CUDA_ECUBLAS;
+            goto done;
+        }
+    }
+    h = g_cublas_handle[g->device];
+    s = g_cublas.cublasSetStream(h, g->stream);
+    if (s != 0) {
+        cublas_err(s, "cublasSetStream", err, errlen);
+        rc = MF_CUDA_ECUBLAS;
+        goto done;
+    }
+    /* NOTE [cublas workspace]: cublasSetStream resets the workspace to
+     * cuBLAS's own pool; hand it PyTorch's buffer afterwards so that every
+     * byte is visible to torch.cuda.max_memory_allocated. */
+    if (g->workspace && g->workspace_bytes && g_cublas.cublasSetWorkspace) {
+        s = g_cublas.cublasSetWorkspace(h, g->workspace, g->workspace_bytes);
+        if (s != 0) {
+            cublas_err(s, "cublasSetWorkspace", err, errlen);
+            rc = MF_CUDA_ECUBLAS;
+            goto done;
+        }
+    }
+    if (g->batch == 1)
+        s = g_cublas.cublasGemmEx(h, g->transa, g->transb, g->m, g->n, g->k, alpha, g->A, g->dtype,
+                                  g->lda, g->B, g->dtype, g->ldb, beta, g->C, g->dtype, g->ldc,
+                                  compute, MF_CUBLAS_GEMM_DEFAULT);
+    else
+        s = g_cublas.cublasGemmStridedBatchedEx(
+            h, g->transa, g->transb, g->m, g->n, g->k, alpha, g->A, g->dtype, g->lda, g->stride_a,
+            g->B, g->dtype, g->ldb, g->stride_b, beta, g->C, g->dtype, g->ldc, g->stride_c,
+            g->batch, compute, MF_CUBLAS_GEMM_DEFAULT);
+    if (s != 0) {
+        cublas_err(s, g->batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx", err, errlen);
+        rc = MF_CUDA_ECUBLAS;
+    }
+done:
+    mf_cuda_unlock();
+    return rc;
+}

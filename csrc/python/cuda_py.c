@@ -1,0 +1,799 @@
+/*
+ * cuda_py.c -- the CPython face of csrc/cuda: loader status, code generation,
+ * NVRTC compilation with the kernel cache, kernel load/launch and cuBLAS GEMM.
+ *
+ * Invariants:
+ *  - Nothing CUDA is opened at import: mf_py_cuda_exec only adds functions and
+ *    the KernelCompileError type.  Libraries load at the first call that needs
+ *    them (csrc/cuda/mf_cuda.c).
+ *  - No static PyObject globals: KernelCompileError lives on the module and is
+ *    looked up per raise (module functions get the module as `self`).
+ *  - One error label per function; every temporary is Py_XDECREF'd there.
+ *  - Device pointers, streams and CUfunction handles cross this boundary as
+ *    Python ints (this is a private module; thunder_memfuse/kernels.py is the
+ *    only caller).  The GIL is released around NVRTC compilation.
+ */
+#include "mf_py.h"
+
+#include <string.h>
+
+#include "mf_codegen.h"
+#include "mf_cuda.h"
+#include "mf_nvrtc.h"
+
+#define ERRLEN 2048
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static PyObject *runtime_error(const char *msg)
+{
+    PyErr_SetString(PyExc_RuntimeError, msg);
+    return NULL;
+}
+
+/* Raise module.KernelCompileError(message) with .log and .source set. */
+static void raise_compile_error(PyObject *module, const char *msg, const char *log,
+                                const char *source)
+{
+    PyObject *type = NULL, *exc = NULL, *log_obj = NULL, *src_obj = NULL, *text = NULL;
+    text = PyUnicode_FromFormat("%s\n--- NVRTC log ---\n%s", msg, log ? log : "");
+    if (!text)
+        goto error;
+    type = PyObject_GetAttrString(module, "KernelCompileError");
+    if (!type)
+        goto error;
+    exc = PyObject_CallOneArg(type, text);
+    if (!exc)
+        goto error;
+    log_obj = PyUnicode_DecodeUTF8(log ? log : "", (Py_ssize_t)strlen(log ? log : ""), "replace");
+    src_obj = PyUnicode_DecodeUTF8(source ? source : "", (Py_ssize_t)strlen(source ? source : ""),
+                                   "replace");
+    if (!log_obj || !src_obj)
+        goto error;
+    if (PyObject_SetAttrString(exc, "log", log_obj) < 0 ||
+        PyObject_SetAttrString(exc, "source", src_obj) < 0)
+        goto error;
+    PyErr_SetObject(type, exc);
+error:
+    Py_XDECREF(type);
+    Py_XDECREF(exc);
+    Py_XDECREF(log_obj);
+    Py_XDECREF(src_obj);
+    Py_XDECREF(text);
+}
+
+static int set_item_str(PyObject *d, const char *key, const char *value)
+{
+    PyObject *v = value ? PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace")
+                        : Py_NewRef(Py_None);
+    int rc;
+    if (!v)
+        return -1;
+    rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int set_item_ll(PyObject *d, const char *key, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    int rc;
+    if (!v)
+        return -1;
+    rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int set_item_bool(PyObject *d, const char *key, int value)
+{
+    return PyDict_SetItemString(d, key, value ? Py_True : Py_False);
+}
+
+/* ---- cuda_set_search_dirs ------------------------------------------------------ */
+
+PyDoc_STRVAR(set_dirs_doc,
+             "cuda_set_search_dirs(dirs)\n--\n\n"
+             "Directories searched for libnvrtc/libcublas before CUDA_HOME/lib64 and the\n"
+             "default loader path (the nvidia pip wheels' lib folders).  Forgets failed\n"
+             "loads so the next use searches again.");
+
+static PyObject *py_set_dirs(PyObject *self, PyObject *arg)
+{
+    PyObject *seq = NULL, *result = NULL;
+    const char **dirs = NULL;
+    Py_ssize_t n, i;
+    char err[ERRLEN];
+    (void)self;
+    seq = PySequence_Fast(arg, "cuda_set_search_dirs expects a sequence of str");
+    if (!seq)
+        goto error;
+    n = PySequence_Fast_GET_SIZE(seq);
+    dirs = (const char **)PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    if (!dirs) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        dirs[i] = PyUnicode_AsUTF8(item);
+        if (!dirs[i])
+            goto error;
+    }
+    if (mf_cuda_set_search_dirs(dirs, (int)n, err, sizeof err) != MF_CUDA_OK) {
+        runtime_error(err);
+        goto error;
+    }
+    result = Py_NewRef(Py_None);
+error:
+    PyMem_Free((void *)dirs);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* ---- cuda_status --------------------------------------------------------------- */
+
+static PyObject *lib_dict(int which, const char *label)
+{
+    mf_cuda_lib_info info;
+    char err[ERRLEN];
+    PyObject *d = NULL, *result = NULL;
+    err[0] = '\0';
+    (void)mf_cuda_load(which, err, sizeof err);
+    mf_cuda_lib_info_get(which, &info);
+    d = PyDict_New();
+    if (!d)
+        goto error;
+    if (set_item_str(d, "library", label) < 0 || set_item_bool(d, "found", info.loaded) < 0 ||
+        set_item_str(d, "path", info.loaded ? info.path : NULL) < 0 ||
+        set_item_str(d, "how", info.loaded ? info.how : NULL) < 0 ||
+        set_item_str(d, "error", info.loaded ? NULL : (info.error[0] ? info.error : err)) < 0)
+        goto error;
+    result = Py_NewRef(d);
+error:
+    Py_XDECREF(d);
+    return result;
+}
+
+static int add_cache_stats(PyObject *d)
+{
+    mf_nvrtc_cache_stats st;
+    mf_nvrtc_cache_stats_get(&st);
+    return (set_item_ll(d, "memory_entries", st.memory_entries) < 0 ||
+            set_item_ll(d, "memory_hits", st.memory_hits) < 0 ||
+            set_item_ll(d, "disk_hits", st.disk_hits) < 0 ||
+            set_item_ll(d, "disk_writes", st.disk_writes) < 0 ||
+            set_item_ll(d, "disk_errors", st.disk_errors) < 0 ||
+            set_item_ll(d, "compiles", st.compiles) < 0 ||
+            set_item_ll(d, "compile_failures", st.compile_failures) < 0)
+               ? -1
+               : 0;
+}
+
+PyDoc_STRVAR(status_doc,
+             "cuda_status()\n--\n\n"
+             "Load (at first use) the CUDA driver, NVRTC and cuBLAS and say what was\n"
+             "found: paths, versions, driver version and device count, or why not.");
+
+static PyObject *py_status(PyObject *self, PyObject *noargs)
+{
+    PyObject *d = NULL, *drv = NULL, *nv = NULL, *cb = NULL, *archs = NULL, *cache = NULL;
+    PyObject *result = NULL;
+    char err[ERRLEN], buf[4096];
+    int version = -1, count = 0, rc, major = 0, minor = 0, n = 0, i, list[64];
+    int driver_ok, nvrtc_ok;
+    (void)self;
+    (void)noargs;
+
+    d = PyDict_New();
+    drv = lib_dict(MF_CUDA_LIB_DRIVER, "CUDA driver");
+    nv = lib_dict(MF_CUDA_LIB_NVRTC, "NVRTC");
+    cb = lib_dict(MF_CUDA_LIB_CUBLAS, "cuBLAS");
+    cache = PyDict_New();
+    if (!d || !drv || !nv || !cb || !cache)
+        goto error;
+
+    /* driver: version and devices */
+    err[0] = '\0';
+    rc = mf_cuda_driver_info(&version, &count, err, sizeof err);
+    driver_ok = rc == MF_CUDA_OK;
+    if (set_item_ll(drv, "version", version) < 0 || set_item_ll(drv, "device_count", count) < 0 ||
+        set_item_str(drv, "init_error", driver_ok ? NULL : err) < 0)
+        goto error;
+
+    /* NVRTC: version and architectures */
+    err[0] = '\0';
+    rc = mf_nvrtc_version(&major, &minor, err, sizeof err);
+    nvrtc_ok = rc == MF_CUDA_OK;
+    if (nvrtc_ok) {
+        snprintf(buf, sizeof buf, "%d.%d", major, minor);
+        if (set_item_str(nv, "version", buf) < 0)
+            goto error;
+        if (mf_nvrtc_supported_archs(list, 64, &n, err, sizeof err) != MF_CUDA_OK)
+            n = 0;
+    } else if (set_item_str(nv, "version", NULL) < 0) {
+        goto error;
+    }
+    archs = PyList_New(n);
+    if (!archs)
+        goto error;
+    for (i = 0; i < n; i++) {
+        PyObject *a = PyLong_FromLong(list[i]);
+        if (!a)
+            goto error;
+        PyList_SET_ITEM(archs, i, a);
+    }
+    if (PyDict_SetItemString(nv, "supported_archs", archs) < 0)
+        goto error;
+
+    /* cuBLAS version */
+    {
+        int v = mf_cuda_cublas_version();
+        if (v >= 0)
+            snprintf(buf, sizeof buf, "%d.%d.%d", v / 10000, (v / 100) % 100, v % 100);
+        if (set_item_str(cb, "version", v >= 0 ? buf : NULL) < 0)
+            goto error;
+    }
+
+    if (add_cache_stats(cache) < 0)
+        goto error;
+    if (PyDict_SetItemString(d, "driver", drv) < 0 || PyDict_SetItemString(d, "nvrtc", nv) < 0 ||
+        PyDict_SetItemString(d, "cublas", cb) < 0 || PyDict_SetItemString(d, "cache", cache) < 0)
+        goto error;
+    mf_cuda_get_search_dirs(buf, sizeof buf);
+    if (set_item_str(d, "search_dirs", buf) < 0)
+        goto error;
+    mf_nvrtc_default_cache_dir(buf, sizeof buf);
+    if (set_item_str(d, "cache_dir", buf[0] ? buf : NULL) < 0)
+        goto error;
+    if (set_item_bool(d, "can_compile", nvrtc_ok) < 0 ||
+        set_item_bool(d, "can_run", driver_ok && count > 0 && nvrtc_ok) < 0)
+        goto error;
+    result = Py_NewRef(d);
+error:
+    Py_XDECREF(d);
+    Py_XDECREF(drv);
+    Py_XDECREF(nv);
+    Py_XDECREF(cb);
+    Py_XDECREF(archs);
+    Py_XDECREF(cache);
+    return result;
+}
+
+/* ---- cuda_codegen ------------------------------------------------------------- */
+
+static int dtype_arg(PyObject *obj, const char *what, Py_ssize_t idx)
+{
+    const char *name = PyUnicode_AsUTF8(obj);
+    int dt;
+    if (!name)
+        return -1;
+    dt = mf_codegen_dtype_id(name);
+    if (dt < 0) {
+        PyErr_Format(PyExc_ValueError, "%s %zd: unknown dtype %R", what, idx, obj);
+        return -1;
+    }
+    return dt;
+}
+
+typedef struct parsed_region {
+    mf_codegen_region r;
+    mf_codegen_input *inputs;
+    mf_codegen_instr *instrs;
+    mf_codegen_output *outputs;
+} parsed_region;
+
+static void free_region(parsed_region *p)
+{
+    PyMem_Free(p->inputs);
+    PyMem_Free(p->instrs);
+    PyMem_Free(p->outputs);
+    memset(p, 0, sizeof *p);
+}
+
+/* Parse (inputs, instrs, outputs, ndim, index64, contiguous); 0 or -1 with an
+ * exception set.  Caller frees with free_region in both cases. */
+static int parse_region(PyObject *obj, parsed_region *p)
+{
+    PyObject *ins = NULL, *instrs = NULL, *outs = NULL, *item = NULL, *args = NULL;
+    PyObject *in_obj, *instr_obj, *out_obj;
+    Py_ssize_t i, j, n;
+    int ndim, index64, contiguous, rc = -1;
+
+    memset(p, 0, sizeof *p);
+    if (!PyArg_ParseTuple(obj, "OOOipp;region must be (inputs, instrs, outputs, ndim, index64, contiguous)",
+                          &in_obj, &instr_obj, &out_obj, &ndim, &index64, &contiguous))
+        goto error;
+    ins = PySequence_Fast(in_obj, "region inputs must be a sequence");
+    instrs = PySequence_Fast(instr_obj, "region instrs must be a sequence");
+    outs = PySequence_Fast(out_obj, "region outputs must be a sequence");
+    if (!ins || !instrs || !outs)
+        goto error;
+
+    n = PySequence_Fast_GET_SIZE(ins);
+    p->inputs = (mf_codegen_input *)PyMem_Calloc((size_t)n + 1, sizeof *p->inputs);
+    if (!p->inputs) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *kind, *dt;
+        const char *k;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ins, i), "OO;input must be (kind, dtype)", &kind, &dt))
+            goto error;
+        k = PyUnicode_AsUTF8(kind);
+        if (!k)
+            goto error;
+        if (strcmp(k, "tensor") != 0 && strcmp(k, "scalar") != 0) {
+            PyErr_Format(PyExc_ValueError, "input %zd: kind must be 'tensor' or 'scalar'", i);
+            goto error;
+        }
+        p->inputs[i].is_scalar = k[0] == 's';
+        p->inputs[i].dtype = dtype_arg(dt, "input", i);
+        if (p->inputs[i].dtype < 0)
+            goto error;
+    }
+    p->r.n_inputs = (int)n;
+
+    n = PySequence_Fast_GET_SIZE(instrs);
+    p->instrs = (mf_codegen_instr *)PyMem_Calloc((size_t)n + 1, sizeof *p->instrs);
+    if (!p->instrs) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *opname, *dt, *cval = NULL;
+        const char *name;
+        mf_codegen_instr *in = &p->instrs[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(instrs, i), "OOO|O;instr must be (op, args, dtype[, const])",
+                              &opname, &item, &dt, &cval))
+            goto error;
+        name = PyUnicode_AsUTF8(opname);
+        if (!name)
+            goto error;
+        in->op = mf_codegen_op_id(name);
+        if (in->op < 0) {
+            PyErr_Format(PyExc_ValueError, "instr %zd: unsupported op %R", i, opname);
+            goto error;
+        }
+        in->dtype = dtype_arg(dt, "instr", i);
+        if (in->dtype < 0)
+            goto error;
+        args = PySequence_Fast(item, "instr args must be a sequence");
+        if (!args)
+            goto error;
+        if (PySequence_Fast_GET_SIZE(args) > MF_CODEGEN_MAX_ARGS) {
+            PyErr_Format(PyExc_ValueError, "instr %zd: too many arguments", i);
+            goto error;
+        }
+        in->nargs = (int)PySequence_Fast_GET_SIZE(args);
+        for (j = 0; j < in->nargs; j++) {
+            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(args, j));
+            if (v == -1 && PyErr_Occurred())
+                goto error;
+            in->args[j] = (int32_t)v;
+        }
+        Py_CLEAR(args);
+        if (strcmp(name, "const") == 0) {
+            if (!cval) {
+                PyErr_Format(PyExc_ValueError, "instr %zd: const needs a value", i);
+                goto error;
+            }
+            if (PyBool_Check(cval)) {
+                in->const_kind = 2;
+                in->iconst = cval == Py_True;
+            } else if (PyLong_Check(cval)) {
+                in->const_kind = 0;
+                in->iconst = PyLong_AsLongLong(cval);
+                if (in->iconst == -1 && PyErr_Occurred())
+                    goto error;
+            } else if (PyFloat_Check(cval)) {
+                in->const_kind = 1;
+                in->fconst = PyFloat_AsDouble(cval);
+            } else {
+                PyErr_Format(PyExc_ValueError, "instr %zd: const value must be bool, int or float", i);
+                goto error;
+            }
+        }
+    }
+    p->r.n_instrs = (int)n;
+
+    n = PySequence_Fast_GET_SIZE(outs);
+    p->outputs = (mf_codegen_output *)PyMem_Calloc((size_t)n + 1, sizeof *p->outputs);
+    if (!p->outputs) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (i = 0; i < n; i++) {
+        int value, guarded;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(outs, i), "ip;output must be (value, guarded)",
+                              &value, &guarded))
+            goto error;
+        p->outputs[i].value = value;
+        p->outputs[i].guarded = guarded;
+    }
+    p->r.n_outputs = (int)n;
+    p->r.inputs = p->inputs;
+    p->r.instrs = p->instrs;
+    p->r.outputs = p->outputs;
+    p->r.ndim = ndim;
+    p->r.index64 = index64;
+    p->r.contiguous = contiguous;
+    rc = 0;
+error:
+    Py_XDECREF(ins);
+    Py_XDECREF(instrs);
+    Py_XDECREF(outs);
+    Py_XDECREF(args);
+    return rc;
+}
+
+PyDoc_STRVAR(codegen_doc,
+             "cuda_codegen(region)\n--\n\n"
+             "CUDA C source of the one kernel for region = (inputs, instrs, outputs, ndim,\n"
+             "index64, contiguous); see docs/CUDA.md.  ValueError for a malformed or\n"
+             "unsupported region.");
+
+static PyObject *py_codegen(PyObject *self, PyObject *arg)
+{
+    parsed_region p;
+    char *src = NULL;
+    size_t len = 0;
+    char err[ERRLEN];
+    PyObject *result = NULL;
+    int rc;
+    (void)self;
+    if (parse_region(arg, &p) < 0)
+        goto error;
+    rc = mf_codegen_emit(&p.r, &src, &len, err, sizeof err);
+    if (rc == MF_CUDA_ENOMEM) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    if (rc != MF_CUDA_OK) {
+        PyErr_SetString(PyExc_ValueError, err);
+        goto error;
+    }
+    result = PyUnicode_FromStringAndSize(src, (Py_ssize_t)len);
+error:
+    free(src);
+    free_region(&p);
+    return result;
+}
+
+PyDoc_STRVAR(codegen_info_doc,
+             "cuda_codegen_info()\n--\n\n"
+             "{'ops': {name: arity}, 'dtypes': [...], 'block': int, 'kernel_name': str,\n"
+             " 'max_dims': int, 'max_param_bytes': int}");
+
+static PyObject *py_codegen_info(PyObject *self, PyObject *noargs)
+{
+    PyObject *d = NULL, *ops = NULL, *dts = NULL, *result = NULL;
+    int i;
+    (void)self;
+    (void)noargs;
+    d = PyDict_New();
+    ops = PyDict_New();
+    dts = PyList_New(0);
+    if (!d || !ops || !dts)
+        goto error;
+    for (i = 0; i < mf_codegen_op_count(); i++) {
+        PyObject *a = PyLong_FromLong(mf_codegen_op_arity(i));
+        int rc;
+        if (!a)
+            goto error;
+        rc = PyDict_SetItemString(ops, mf_codegen_op_name(i), a);
+        Py_DECREF(a);
+        if (rc < 0)
+            goto error;
+    }
+    for (i = 0; i < MF_DT_COUNT; i++) {
+        PyObject *s = PyUnicode_FromString(mf_codegen_dtype_name(i));
+        int rc;
+        if (!s)
+            goto error;
+        rc = PyList_Append(dts, s);
+        Py_DECREF(s);
+        if (rc < 0)
+            goto error;
+    }
+    if (PyDict_SetItemString(d, "ops", ops) < 0 || PyDict_SetItemString(d, "dtypes", dts) < 0 ||
+        set_item_ll(d, "block", MF_CODEGEN_BLOCK) < 0 ||
+        set_item_str(d, "kernel_name", MF_CODEGEN_KERNEL_NAME) < 0 ||
+        set_item_ll(d, "max_dims", MF_CODEGEN_MAX_DIMS) < 0 ||
+        set_item_ll(d, "max_param_bytes", MF_CODEGEN_MAX_PARAM_BYTES) < 0)
+        goto error;
+    result = Py_NewRef(d);
+error:
+    Py_XDECREF(d);
+    Py_XDECREF(ops);
+    Py_XDECREF(dts);
+    return result;
+}
+
+/* ---- nvrtc_compile ----------------------------------------------------------- */
+
+PyDoc_STRVAR(compile_doc,
+             "nvrtc_compile(source, arch, mode='auto', cache=True, cache_dir=None, name='mf_kernel')\n--\n\n"
+             "Compile with NVRTC for compute capability arch (e.g. 90).  mode: 'auto'\n"
+             "(cubin when NVRTC knows the arch, else PTX), 'cubin' or 'ptx'.  cache_dir:\n"
+             "None = $THUNDER_MEMFUSE_CACHE or ~/.cache/thunder_memfuse/kernels, '' = no\n"
+             "disk cache.  Returns {'image', 'kind', 'target', 'origin', 'log', 'hash'}.\n"
+             "Raises KernelCompileError (with .log and .source) when the source does not\n"
+             "compile, RuntimeError when NVRTC is missing.");
+
+static PyObject *py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"source", "arch", "mode", "cache", "cache_dir", "name", NULL};
+    const char *src = NULL, *mode_s = "auto", *cache_dir = NULL, *name = MF_CODEGEN_KERNEL_NAME;
+    int arch = 0, use_cache = 1, mode, rc;
+    mf_nvrtc_result res;
+    char err[ERRLEN];
+    char *log = NULL;
+    PyObject *d = NULL, *img = NULL, *result = NULL;
+
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "si|spzs", kwlist, &src, &arch, &mode_s,
+                                     &use_cache, &cache_dir, &name))
+        goto error;
+    if (strcmp(mode_s, "auto") == 0)
+        mode = MF_NVRTC_AUTO;
+    else if (strcmp(mode_s, "cubin") == 0)
+        mode = MF_NVRTC_CUBIN;
+    else if (strcmp(mode_s, "ptx") == 0)
+        mode = MF_NVRTC_PTX;
+    else {
+        PyErr_Format(PyExc_ValueError, "mode must be 'auto', 'cubin' or 'ptx', not '%s'", mode_s);
+        goto error;
+    }
+    err[0] = '\0';
+    Py_BEGIN_ALLOW_THREADS
+    rc = mf_nvrtc_compile(src, name, arch, mode, cache_dir, use_cache, &res, &log, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc == MF_CUDA_ECOMPILE) {
+        raise_compile_error(self, err, log, src);
+        goto error;
+    }
+    if (rc == MF_CUDA_ENOMEM) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    if (rc != MF_CUDA_OK) {
+        runtime_error(err);
+        goto error;
+    }
+    /* PTX goes to cuModuleLoadData NUL-terminated: keep the NUL in the bytes. */
+    img = PyBytes_FromStringAndSize(res.image, (Py_ssize_t)res.size);
+    d = PyDict_New();
+    if (!img || !d)
+        goto error;
+    if (PyDict_SetItemString(d, "image", img) < 0 ||
+        set_item_str(d, "kind", res.is_cubin ? "cubin" : "ptx") < 0 ||
+        set_item_str(d, "target", res.target) < 0 || set_item_str(d, "origin", res.origin) < 0 ||
+        set_item_str(d, "log", res.log) < 0)
+        goto error;
+    {
+        PyObject *h = PyLong_FromUnsignedLongLong((unsigned long long)res.key_hash);
+        int hrc;
+        if (!h)
+            goto error;
+        hrc = PyDict_SetItemString(d, "hash", h);
+        Py_DECREF(h);
+        if (hrc < 0)
+            goto error;
+    }
+    result = Py_NewRef(d);
+error:
+    mf_nvrtc_result_free(&res);
+    free(log);
+    Py_XDECREF(img);
+    Py_XDECREF(d);
+    return result;
+}
+
+PyDoc_STRVAR(cache_stats_doc, "cuda_cache_stats()\n--\n\nCounters of the kernel cache.");
+
+static PyObject *py_cache_stats(PyObject *self, PyObject *noargs)
+{
+    PyObject *d = PyDict_New();
+    (void)self;
+    (void)noargs;
+    if (!d)
+        return NULL;
+    if (add_cache_stats(d) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+PyDoc_STRVAR(cache_clear_doc, "cuda_cache_clear()\n--\n\nDrop the in-memory kernel cache.");
+
+static PyObject *py_cache_clear(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    mf_nvrtc_cache_clear();
+    Py_RETURN_NONE;
+}
+
+/* ---- device, load, launch ------------------------------------------------------ */
+
+PyDoc_STRVAR(device_info_doc,
+             "cuda_device_info(device)\n--\n\n(compute capability as major*10+minor, SM count).");
+
+static PyObject *py_device_info(PyObject *self, PyObject *arg)
+{
+    int device, arch = 0, sms = 0;
+    char err[ERRLEN];
+    (void)self;
+    device = (int)PyLong_AsLong(arg);
+    if (device == -1 && PyErr_Occurred())
+        return NULL;
+    if (mf_cuda_device_arch(device, &arch, &sms, err, sizeof err) != MF_CUDA_OK)
+        return runtime_error(err);
+    return Py_BuildValue("(ii)", arch, sms);
+}
+
+PyDoc_STRVAR(load_doc,
+             "cuda_load_function(image, name, device)\n--\n\n"
+             "cuModuleLoadData into device's primary context; the CUfunction as an int.");
+
+static PyObject *py_load_function(PyObject *self, PyObject *args)
+{
+    Py_buffer img = {0};
+    const char *name;
+    int device, rc;
+    mf_CUfunction fn = NULL;
+    char err[ERRLEN];
+    PyObject *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*si", &img, &name, &device))
+        goto error;
+    rc = mf_cuda_load_function(device, img.buf, name, &fn, err, sizeof err);
+    if (rc != MF_CUDA_OK) {
+        runtime_error(err);
+        goto error;
+    }
+    result = PyLong_FromVoidPtr(fn);
+error:
+    if (img.obj)
+        PyBuffer_Release(&img);
+    return result;
+}
+
+PyDoc_STRVAR(launch_doc,
+             "cuda_launch(function, device, grid, block, stream, params)\n--\n\n"
+             "cuLaunchKernel with one by-value parameter: the packed bytes `params`.");
+
+static PyObject *py_launch(PyObject *self, PyObject *args)
+{
+    PyObject *fn_obj, *stream_obj, *result = NULL;
+    Py_buffer params = {0};
+    int device;
+    unsigned int grid, block;
+    void *fn, *stream;
+    char err[ERRLEN];
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OiIIOy*", &fn_obj, &device, &grid, &block, &stream_obj, &params))
+        goto error;
+    fn = PyLong_AsVoidPtr(fn_obj);
+    if (!fn && PyErr_Occurred())
+        goto error;
+    stream = PyLong_AsVoidPtr(stream_obj);
+    if (!stream && PyErr_Occurred())
+        goto error;
+    if (!fn || grid == 0 || block == 0) {
+        PyErr_SetString(PyExc_ValueError, "cuda_launch: null function or empty grid/block");
+        goto error;
+    }
+    if (mf_cuda_launch(device, fn, grid, block, stream, params.buf, err, sizeof err) != MF_CUDA_OK) {
+        runtime_error(err);
+        goto error;
+    }
+    result = Py_NewRef(Py_None);
+error:
+    if (params.obj)
+        PyBuffer_Release(&params);
+    return result;
+}
+
+/* ---- cuBLAS --------------------------------------------------------------- */
+
+PyDoc_STRVAR(gemm_doc,
+             "cublas_gemm(device, stream, workspace, workspace_bytes, transa, transb, m, n, k,\n"
+             "            A, lda, stride_a, B, ldb, stride_b, C, ldc, stride_c, batch, dtype,\n"
+             "            alpha, beta, allow_tf32)\n--\n\n"
+             "Column-major C = alpha*op(A)@op(B) + beta*C with cublasGemmEx (batch == 1) or\n"
+             "cublasGemmStridedBatchedEx; pointers and the stream are ints; dtype is one\n"
+             "of 'float32', 'float16', 'bfloat16', 'float64'.");
+
+static PyObject *py_gemm(PyObject *self, PyObject *args)
+{
+    mf_cuda_gemm g;
+    PyObject *stream, *ws, *a, *b, *c;
+    unsigned long long ws_bytes;
+    const char *dtype;
+    char err[ERRLEN];
+    int rc;
+    (void)self;
+    memset(&g, 0, sizeof g);
+    if (!PyArg_ParseTuple(args, "iOOKiiiiiOiLOiLOiLisddp", &g.device, &stream, &ws, &ws_bytes,
+                          &g.transa, &g.transb, &g.m, &g.n, &g.k, &a, &g.lda, &g.stride_a, &b,
+                          &g.ldb, &g.stride_b, &c, &g.ldc, &g.stride_c, &g.batch, &dtype, &g.alpha,
+                          &g.beta, &g.allow_tf32))
+        return NULL;
+    g.stream = PyLong_AsVoidPtr(stream);
+    if (PyErr_Occurred())
+        return NULL;
+    g.workspace = PyLong_AsVoidPtr(ws);
+    if (PyErr_Occurred())
+        return NULL;
+    g.workspace_bytes = (size_t)ws_bytes;
+    g.A = PyLong_AsVoidPtr(a);
+    if (PyErr_Occurred())
+        return NULL;
+    g.B = PyLong_AsVoidPtr(b);
+    if (PyErr_Occurred())
+        return NULL;
+    g.C = PyLong_AsVoidPtr(c);
+    if (PyErr_Occurred())
+        return NULL;
+    if (strcmp(dtype, "float32") == 0)
+        g.dtype = MF_CUDA_R_32F;
+    else if (strcmp(dtype, "float16") == 0)
+        g.dtype = MF_CUDA_R_16F;
+    else if (strcmp(dtype, "bfloat16") == 0)
+        g.dtype = MF_CUDA_R_16BF;
+    else if (strcmp(dtype, "float64") == 0)
+        g.dtype = MF_CUDA_R_64F;
+    else {
+        PyErr_Format(PyExc_ValueError, "cublas_gemm: unsupported dtype %s", dtype);
+        return NULL;
+    }
+    rc = mf_cuda_gemm_run(&g, err, sizeof err);
+    if (rc == MF_CUDA_EINVAL) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    if (rc != MF_CUDA_OK)
+        return runtime_error(err);
+    Py_RETURN_NONE;
+}
+
+/* ---- registration ------------------------------------------------------------ */
+
+static PyMethodDef cuda_methods[] = {
+    {"cuda_set_search_dirs", (PyCFunction)py_set_dirs, METH_O, set_dirs_doc},
+    {"cuda_status", (PyCFunction)py_status, METH_NOARGS, status_doc},
+    {"cuda_codegen", (PyCFunction)py_codegen, METH_O, codegen_doc},
+    {"cuda_codegen_info", (PyCFunction)py_codegen_info, METH_NOARGS, codegen_info_doc},
+    {"nvrtc_compile", (PyCFunction)(void (*)(void))py_compile, METH_VARARGS | METH_KEYWORDS, compile_doc},
+    {"cuda_cache_stats", (PyCFunction)py_cache_stats, METH_NOARGS, cache_stats_doc},
+    {"cuda_cache_clear", (PyCFunction)py_cache_clear, METH_NOARGS, cache_clear_doc},
+    {"cuda_device_info", (PyCFunction)py_device_info, METH_O, device_info_doc},
+    {"cuda_load_function", (PyCFunction)py_load_function, METH_VARARGS, load_doc},
+    {"cuda_launch", (PyCFunction)py_launch, METH_VARARGS, launch_doc},
+    {"cublas_gemm", (PyCFunction)py_gemm, METH_VARARGS, gemm_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int mf_py_cuda_exec(PyObject *module)
+{
+    PyObject *exc = NULL;
+    int rc = -1;
+    if (PyModule_AddFunctions(module, cuda_methods) < 0)
+        goto error;
+    exc = PyErr_NewExceptionWithDoc(
+        "thunder_memfuse._C.KernelCompileError",
+        "A generated kernel did not compile; .log holds the NVRTC log, .source the source.",
+        PyExc_RuntimeError, NULL);
+    if (!exc)
+        goto error;
+    if (PyModule_AddObjectRef(module, "KernelCompileError", exc) < 0)
+        goto error;
+    rc = 0;
+error:
+    Py_XDECREF(exc);
+    return rc;
+}

@@ -1,0 +1,1343 @@
+/*
+ * test_core.c -- tests of the thunder_memfuse C core (csrc/core).
+ *
+ * The reference model here is written from NOTE [cost model] in mf_core.h
+ * independently of the core: a literal per-step simulation, a brute-force
+ * enumerator of valid orders (with branch and bound), an exhaustive DP over
+ * all subsets for medium graphs, and an enumerator of all groupings.  The
+ * core must agree with it on hundreds of random graphs.  An injectable
+ * allocator fails the Nth allocation to check cleanup (no leaks: counted
+ * here, and LeakSanitizer in `make sanitize`).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "mf_core.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int g_failures = 0;
+static int g_checks = 0;
+
+#define CHECK(cond, ...)                                                    \
+    do {                                                                    \
+        g_checks++;                                                         \
+        if (!(cond)) {                                                      \
+            g_failures++;                                                   \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, "\n");                                          \
+        }                                                                   \
+    } while (0)
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- PRNG ---- */
+static uint64_t rng_state = 88172645463325252ULL;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int rint_(int n) /* [0, n) */
+{
+    return (int)(rnd() % (uint64_t)n);
+}
+
+/* ---- counting / failing allocator ---- */
+typedef struct talloc {
+    long count;   /* allocations requested */
+    long fail_at; /* fail the fail_at-th request (1-based); 0: never */
+    long live;
+} talloc;
+
+static void *t_alloc(void *ud, size_t n)
+{
+    talloc *t = (talloc *)ud;
+    t->count++;
+    if (t->fail_at && t->count == t->fail_at)
+        return NULL;
+    t->live++;
+    return malloc(n);
+}
+
+static void t_free(void *ud, void *p)
+{
+    talloc *t = (talloc *)ud;
+    if (p) {
+        t->live--;
+        free(p);
+    }
+}
+
+/* ---- test graph builder ---- */
+typedef struct tg {
+    int n_ops, n_values, n_in, n_out, n_after;
+    int cap_ops, cap_vals, cap_in, cap_out, cap_after;
+    int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *alias_of, *after;
+    int64_t *bytes;
+    uint8_t *is_input, *is_output, *fusible;
+} tg;
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "out of memory in test\n");
+        exit(2);
+    }
+    return q;
+}
+
+static void tg_init(tg *g)
+{
+    memset(g, 0, sizeof *g);
+    g->in_ptr = (int32_t *)xrealloc(NULL, sizeof(int32_t));
+    g->out_ptr = (int32_t *)xrealloc(NULL, sizeof(int32_t));
+    g->in_ptr[0] = g->out_ptr[0] = 0;
+    g->cap_ops = 0;
+}
+
+static void tg_free(tg *g)
+{
+    free(g->in_ptr);
+    free(g->in_idx);
+    free(g->out_ptr);
+    free(g->out_idx);
+    free(g->alias_of);
+    free(g->after);
+    free(g->bytes);
+    free(g->is_input);
+    free(g->is_output);
+    free(g->fusible);
+    memset(g, 0, sizeof *g);
+}
+
+static int tg_value(tg *g, int64_t bytes, int input, int alias_of, int output)
+{
+    int v = g->n_values++;
+    if (g->n_values > g->cap_vals) {
+        g->cap_vals = g->cap_vals ? 2 * g->cap_vals : 16;
+        g->bytes = (int64_t *)xrealloc(g->bytes, sizeof(int64_t) * g->cap_vals);
+        g->alias_of = (int32_t *)xrealloc(g->alias_of, sizeof(int32_t) * g->cap_vals);
+        g->is_input = (uint8_t *)xrealloc(g->is_input, g->cap_vals);
+        g->is_output = (uint8_t *)xrealloc(g->is_output, g->cap_vals);
+    }
+    g->bytes[v] = bytes;
+    g->alias_of[v] = alias_of;
+    g->is_input[v] = (uint8_t)input;
+    g->is_output[v] = (uint8_t)output;
+    return v;
+}
+
+static int tg_op(tg *g, const int *ins, int nin, const int *outs, int nout, int fusible)
+{
+    int k = g->n_ops++, i;
+    if (g->n_ops > g->cap_ops) {
+        g->cap_ops = g->cap_ops ? 2 * g->cap_ops : 16;
+        g->in_ptr = (int32_t *)xrealloc(g->in_ptr, sizeof(int32_t) * (g->cap_ops + 1));
+        g->out_ptr = (int32_t *)xrealloc(g->out_ptr, sizeof(int32_t) * (g->cap_ops + 1));
+        g->fusible = (uint8_t *)xrealloc(g->fusible, g->cap_ops);
+    }
+    if (g->n_in + nin > g->cap_in) {
+        while (g->n_in + nin > g->cap_in)
+            g->cap_in = g->cap_in ? 2 * g->cap_in : 32;
+        g->in_idx = (int32_t *)xrealloc(g->in_idx, sizeof(int32_t) * g->cap_in);
+    }
+    if (g->n_out + nout > g->cap_out) {
+        while (g->n_out + nout > g->cap_out)
+            g->cap_out = g->cap_out ? 2 * g->cap_out : 32;
+        g->out_idx = (int32_t *)xrealloc(g->out_idx, sizeof(int32_t) * g->cap_out);
+    }
+    for (i = 0; i < nin; i++)
+        g->in_idx[g->n_in++] = ins[i];
+    for (i = 0; i < nout; i++)
+        g->out_idx[g->n_out++] = outs[i];
+    g->in_ptr[k + 1] = g->n_in;
+    g->out_ptr[k + 1] = g->n_out;
+    g->fusible[k] = (uint8_t)fusible;
+    return k;
+}
+
+static void tg_after(tg *g, int a, int b)
+{
+    if (g->n_after + 1 > g->cap_after) {
+        g->cap_after = g->cap_after ? 2 * g->cap_after : 8;
+        g->after = (int32_t *)xrealloc(g->after, sizeof(int32_t) * 2 * g->cap_after);
+    }
+    g->after[2 * g->n_after] = a;
+    g->after[2 * g->n_after + 1] = b;
+    g->n_after++;
+}
+
+static mf_graph_desc tg_desc(const tg *g)
+{
+    mf_graph_desc d;
+    d.n_ops = g->n_ops;
+    d.n_values = g->n_values;
+    d.in_ptr = g->in_ptr;
+    d.in_idx = g->in_idx;
+    d.out_ptr = g->out_ptr;
+    d.out_idx = g->out_idx;
+    d.value_bytes = g->bytes;
+    d.alias_of = g->alias_of;
+    d.is_input = g->is_input;
+    d.is_output = g->is_output;
+    d.fusible = g->fusible;
+    d.n_after = g->n_after;
+    d.after = g->after;
+    return d;
+}
+
+/* ---- reference model (from the header's NOTE, literally) ---- */
+#define RMAX 64 /* ops in reference computations that use masks */
+
+typedef struct ref {
+    int n, ns;
+    int sroot[1024];          /* storage -> root value */
+    int64_t sb[1024];
+    int salloc[1024];
+    int sout[1024];
+    uint64_t sreaders[1024];  /* op mask (n <= 64) */
+    uint64_t pred[RMAX];      /* op masks */
+    int64_t allocb[RMAX];
+} ref;
+
+static int ref_root(const mf_graph_desc *d, int v)
+{
+    while (d->alias_of && d->alias_of[v] >= 0)
+        v = d->alias_of[v];
+    return v;
+}
+
+static void ref_build(const mf_graph_desc *d, ref *r)
+{
+    int v, k, j, s;
+    int *prod = (int *)calloc((size_t)d->n_values + 1, sizeof(int));
+    int *sid = (int *)calloc((size_t)d->n_values + 1, sizeof(int));
+    memset(r, 0, sizeof *r);
+    r->n = d->n_ops;
+    for (v = 0; v < d->n_values; v++)
+        prod[v] = -1;
+    for (k = 0; k < d->n_ops; k++)
+        for (j = d->out_ptr[k]; j < d->out_ptr[k + 1]; j++)
+            prod[d->out_idx[j]] = k;
+    for (v = 0; v < d->n_values; v++) {
+        sid[v] = -1;
+        if (ref_root(d, v) == v && !(d->is_input && d->is_input[v])) {
+            s = r->ns++;
+            r->sroot[s] = v;
+            r->sb[s] = d->value_bytes[v];
+            r->salloc[s] = prod[v];
+            sid[v] = s;
+        }
+    }
+    for (v = 0; v < d->n_values; v++) {
+        s = sid[ref_root(d, v)];
+        if (s >= 0 && d->is_output && d->is_output[v])
+            r->sout[s] = 1;
+    }
+    for (k = 0; k < d->n_ops; k++) {
+        for (j = d->in_ptr[k]; j < d->in_ptr[k + 1]; j++) {
+            int x = d->in_idx[j];
+            s = sid[ref_root(d, x)];
+            if (s >= 0 && k < 64)
+                r->sreaders[s] |= 1ULL << k;
+            if (prod[x] >= 0 && k < 64)
+                r->pred[k] |= 1ULL << prod[x];
+        }
+        for (j = d->out_ptr[k]; j < d->out_ptr[k + 1]; j++) {
+            int x = d->out_idx[j];
+            if (d->alias_of && d->alias_of[x] >= 0 && prod[d->alias_of[x]] >= 0 && prod[d->alias_of[x]] != k &&
+                k < 64)
+                r->pred[k] |= 1ULL << prod[d->alias_of[x]];
+        }
+    }
+    for (j = 0; j < d->n_after; j++)
+        if (d->after[2 * j + 1] < 64)
+            r->pred[d->after[2 * j + 1]] |= 1ULL << d->after[2 * j];
+    for (s = 0; s < r->ns; s++)
+        if (r->salloc[s] < 64)
+            r->allocb[r->salloc[s]] += r->sb[s];
+    free(prod);
+    free(sid);
+}
+
+/* Live bytes after the set S of ops has run (valid prefixes). */
+static int64_t ref_live(const ref *r, uint64_t S)
+{
+    int64_t live = 0;
+    int s;
+    for (s = 0; s < r->ns; s++) {
+        if (!(S >> r->salloc[s] & 1))
+            continue;
+        if (r->sout[s] || (r->sreaders[s] & ~S))
+            live += r->sb[s];
+    }
+    return live;
+}
+
+/* Literal simulation of an order with groups (any permutation). */
+static int64_t ref_sim(const ref *r, const int32_t *order, const int32_t *gp, int ng, int64_t *steps)
+{
+    int gidx[RMAX], t, s, i;
+    int64_t peak = 0;
+    if (!gp)
+        ng = r->n;
+    for (t = 0; t < ng; t++) {
+        int lo = gp ? gp[t] : t, hi = gp ? gp[t + 1] : t + 1;
+        for (i = lo; i < hi; i++)
+            gidx[order[i]] = t;
+    }
+    for (t = 0; t < ng; t++) {
+        int64_t during = 0;
+        int size = gp ? gp[t + 1] - gp[t] : 1;
+        for (s = 0; s < r->ns; s++) {
+            int a = gidx[r->salloc[s]], last = -1, outside = 0, k;
+            for (k = 0; k < r->n; k++)
+                if (r->sreaders[s] >> k & 1) {
+                    if (gidx[k] > last)
+                        last = gidx[k];
+                    if (gidx[k] != a)
+                        outside = 1;
+                }
+            if (a == t) {
+                if (size == 1 || r->sout[s] || outside)
+                    during += r->sb[s];
+            } else if (a < t) {
+                int freed_after = last > a ? last : a;
+                if (r->sout[s] || freed_after >= t)
+                    during += r->sb[s];
+            }
+        }
+        if (steps)
+            steps[t] = during;
+        if (during > peak)
+            peak = during;
+    }
+    return peak;
+}
+
+/* Brute force over all valid orders with branch and bound. */
+typedef struct bf {
+    const ref *r;
+    int64_t best;
+    long nodes;
+} bf;
+
+static void bf_rec(bf *b, uint64_t S, int depth, int64_t cur)
+{
+    const ref *r = b->r;
+    int v;
+    if (cur >= b->best)
+        return;
+    if (depth == r->n) {
+        b->best = cur;
+        return;
+    }
+    b->nodes++;
+    for (v = 0; v < r->n; v++) {
+        int64_t d;
+        if (S >> v & 1 || (r->pred[v] & ~S))
+            continue;
+        d = ref_live(r, S) + r->allocb[v];
+        bf_rec(b, S | 1ULL << v, depth + 1, d > cur ? d : cur);
+    }
+}
+
+static int64_t brute_min(const ref *r)
+{
+    bf b;
+    b.r = r;
+    b.best = INT64_MAX;
+    b.nodes = 0;
+    bf_rec(&b, 0, 0, 0);
+    return b.best;
+}
+
+/* Exhaustive DP over all subsets (n <= 22). */
+static int64_t subset_min(const ref *r)
+{
+    size_t N = (size_t)1 << r->n, S;
+    int64_t *best = (int64_t *)malloc(sizeof(int64_t) * N), res;
+    int v;
+    best[0] = 0;
+    for (S = 1; S < N; S++) {
+        int64_t b = INT64_MAX, live_cache = -1;
+        (void)live_cache;
+        for (v = 0; v < r->n; v++) {
+            size_t T;
+            int64_t c;
+            if (!(S >> v & 1))
+                continue;
+            T = S & ~((size_t)1 << v);
+            if (best[T] == INT64_MAX || (r->pred[v] & ~(uint64_t)T))
+                continue;
+            c = ref_live(r, T) + r->allocb[v];
+            if (c < best[T])
+                c = best[T];
+            if (c < b)
+                b = c;
+        }
+        best[S] = b;
+    }
+    res = best[N - 1];
+    free(best);
+    return res;
+}
+
+static int ref_valid(const ref *r, const int32_t *order)
+{
+    uint64_t S = 0;
+    int i;
+    for (i = 0; i < r->n; i++) {
+        int v = order[i];
+        if (S >> v & 1 || (r->pred[v] & ~S))
+            return 0;
+        S |= 1ULL << v;
+    }
+    return 1;
+}
+
+/* All groupings of an order: least peak, then fewest groups. */
+static void brute_groups(const ref *r, const mf_graph_desc *d, const int32_t *order, int64_t *min_peak,
+                         int *min_groups)
+{
+    int n = r->n;
+    uint32_t mask, M = n > 1 ? (1u << (n - 1)) : 1;
+    int32_t gp[RMAX + 1];
+    *min_peak = INT64_MAX;
+    *min_groups = 1 << 30;
+    for (mask = 0; mask < M; mask++) {
+        int ng = 0, i, ok = 1, lo = 0;
+        int64_t pk;
+        gp[0] = 0;
+        for (i = 1; i <= n; i++)
+            if (i == n || (mask >> (i - 1) & 1))
+                gp[++ng] = i;
+        for (i = 0; i < ng && ok; i++) {
+            int j;
+            lo = gp[i];
+            if (gp[i + 1] - lo >= 2)
+                for (j = lo; j < gp[i + 1]; j++)
+                    if (!d->fusible || !d->fusible[order[j]])
+                        ok = 0;
+        }
+        if (!ok)
+            continue;
+        pk = ref_sim(r, order, n ? gp : NULL, ng, NULL);
+        if (pk < *min_peak || (pk == *min_peak && ng < *min_groups)) {
+            *min_peak = pk;
+            *min_groups = ng;
+        }
+    }
+}
+
+/* ---- random graphs ---- */
+
+static void random_graph(tg *out, int n, int permute)
+{
+    /* build in generation order, then emit with a permutation of op ids */
+    int nv0 = 0, k, i, j;
+    int ins[64][4], nins[64], outs[64][3], nouts[64], fus[64], perm[64], inv[64];
+    tg g;
+    int nvalues_avail = 0, avail[256];
+    tg_init(&g);
+    tg_init(out);
+    nv0 = rint_(4);
+    for (i = 0; i < nv0; i++) {
+        int al = (i > 0 && rint_(4) == 0) ? rint_(i) : -1;
+        int v = tg_value(&g, 8 * (1 + rint_(50)), 1, al, 0);
+        avail[nvalues_avail++] = v;
+    }
+    for (k = 0; k < n; k++) {
+        nins[k] = nvalues_avail ? rint_(4) : 0;
+        for (i = 0; i < nins[k]; i++)
+            ins[k][i] = avail[rint_(nvalues_avail)];
+        nouts[k] = rint_(10) == 0 ? 0 : 1 + (rint_(3) == 0);
+        for (i = 0; i < nouts[k]; i++) {
+            int al = -1, v;
+            int64_t b = rint_(8) == 0 ? 0 : 8 * (1 + rint_(100));
+            if (rint_(4) == 0 && nvalues_avail > 0) {
+                if (nins[k] > 0 && rint_(5) != 0)
+                    al = ins[k][rint_(nins[k])];
+                else
+                    al = avail[rint_(nvalues_avail)];
+            }
+            v = tg_value(&g, b, 0, al, rint_(7) == 0);
+            outs[k][i] = v;
+            if (nvalues_avail < 256)
+                avail[nvalues_avail++] = v;
+        }
+        fus[k] = rint_(2);
+    }
+    /* ops in generation order 0..n-1; pick a permutation */
+    for (k = 0; k < n; k++)
+        perm[k] = k;
+    if (permute)
+        for (k = n - 1; k > 0; k--) {
+            int t = rint_(k + 1), x = perm[k];
+            perm[k] = perm[t];
+            perm[t] = x;
+        }
+    for (k = 0; k < n; k++)
+        inv[perm[k]] = k; /* generation op perm[k] gets id k */
+    for (i = 0; i < g.n_values; i++)
+        tg_value(out, g.bytes[i], g.is_input[i], g.alias_of[i], g.is_output[i]);
+    for (k = 0; k < n; k++) {
+        int gk = perm[k];
+        tg_op(out, ins[gk], nins[gk], outs[gk], nouts[gk], fus[gk]);
+    }
+    j = rint_(3);
+    for (i = 0; i < j && n >= 2; i++) {
+        int a = rint_(n - 1), b = a + 1 + rint_(n - 1 - a);
+        tg_after(out, inv[a], inv[b]);
+    }
+    tg_free(&g);
+}
+
+/* ---- checks shared by the random tests ---- */
+
+static void check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t best, const char *what,
+                                   int seed)
+{
+    mf_ctx ctx;
+    mf_plan_result res;
+    mf_plan_options opt;
+    int st, valid = 0, i, j;
+    int64_t sim = -1, ident_peak;
+    int32_t ident[RMAX];
+    mf_ctx_init(&ctx, NULL);
+    for (i = 0; i < d->n_ops; i++)
+        ident[i] = i;
+    ident_peak = ref_sim(r, ident, NULL, 0, NULL);
+
+    opt.max_states = 0;
+    opt.fuse = 1;
+    st = mf_plan(&ctx, d, &opt, &res);
+    CHECK(st == MF_OK, "%s %d: plan failed %d %s", what, seed, st, ctx.err);
+    if (st)
+        return;
+    CHECK(res.optimal == 1, "%s %d: not optimal (method %s)", what, seed, res.method);
+    CHECK(res.unfused_peak_bytes == best, "%s %d: unfused %lld != brute %lld (method %s)", what, seed,
+          (long long)res.unfused_peak_bytes, (long long)best, res.method);
+    CHECK(res.lower_bound_bytes <= best, "%s %d: LB %lld > opt %lld", what, seed,
+          (long long)res.lower_bound_bytes, (long long)best);
+    CHECK(res.baseline_peak_bytes == ident_peak, "%s %d: baseline %lld != ref %lld", what, seed,
+          (long long)res.baseline_peak_bytes, (long long)ident_peak);
+    CHECK(mf_check_order(&ctx, d, res.order, &valid) == MF_OK && valid, "%s %d: invalid order", what, seed);
+    CHECK(ref_valid(r, res.order), "%s %d: invalid order (ref)", what, seed);
+    CHECK(res.peak_bytes <= res.unfused_peak_bytes, "%s %d: fused peak above unfused", what, seed);
+    if (ref_valid(r, ident))
+        CHECK(res.unfused_peak_bytes <= res.baseline_peak_bytes, "%s %d: worse than input", what, seed);
+    CHECK(res.group_ptr[0] == 0 && res.group_ptr[res.n_groups] == d->n_ops, "%s %d: group_ptr", what, seed);
+    for (i = 0; i < res.n_groups; i++) {
+        CHECK(res.group_ptr[i + 1] > res.group_ptr[i], "%s %d: empty group", what, seed);
+        if (res.group_ptr[i + 1] - res.group_ptr[i] >= 2)
+            for (j = res.group_ptr[i]; j < res.group_ptr[i + 1]; j++)
+                CHECK(d->fusible[res.order[j]], "%s %d: non-fusible op in group", what, seed);
+    }
+    CHECK(mf_simulate(&ctx, d, res.order, res.group_ptr, res.n_groups, &sim, NULL, NULL) == MF_OK &&
+              sim == res.peak_bytes,
+          "%s %d: simulate %lld != peak %lld", what, seed, (long long)sim, (long long)res.peak_bytes);
+    CHECK(ref_sim(r, res.order, res.group_ptr, res.n_groups, NULL) == res.peak_bytes, "%s %d: ref fused peak",
+          what, seed);
+    if (d->n_ops <= 12) {
+        int64_t mp;
+        int mg;
+        brute_groups(r, d, res.order, &mp, &mg);
+        CHECK(mp == res.peak_bytes, "%s %d: grouping peak %lld != brute %lld", what, seed,
+              (long long)res.peak_bytes, (long long)mp);
+        CHECK(mg == res.n_groups, "%s %d: groups %d != brute %d", what, seed, (int)res.n_groups, mg);
+    }
+    mf_plan_result_free(&ctx, &res);
+
+    /* unfused planning */
+    opt.fuse = 0;
+    st = mf_plan(&ctx, d, &opt, &res);
+    CHECK(st == MF_OK && res.n_groups == d->n_ops && res.peak_bytes == res.unfused_peak_bytes &&
+              res.unfused_peak_bytes == best,
+          "%s %d: fuse=0 plan", what, seed);
+    mf_plan_result_free(&ctx, &res);
+
+    /* a tiny cap: valid, never worse than the input order */
+    opt.fuse = 1;
+    opt.max_states = 1;
+    st = mf_plan(&ctx, d, &opt, &res);
+    CHECK(st == MF_OK, "%s %d: capped plan failed", what, seed);
+    if (st == MF_OK) {
+        CHECK(ref_valid(r, res.order), "%s %d: capped invalid", what, seed);
+        CHECK(res.unfused_peak_bytes >= best, "%s %d: capped below optimum", what, seed);
+        if (res.optimal)
+            CHECK(res.unfused_peak_bytes == best, "%s %d: capped claims optimal wrongly", what, seed);
+        if (ref_valid(r, ident))
+            CHECK(res.unfused_peak_bytes <= res.baseline_peak_bytes, "%s %d: capped worse than input", what,
+                  seed);
+    }
+    mf_plan_result_free(&ctx, &res);
+}
+
+static void test_random_small(void)
+{
+    int t, n_dp = 0;
+    long total_states = 0;
+    for (t = 0; t < 600; t++) {
+        tg g;
+        mf_graph_desc d;
+        ref r;
+        mf_ctx ctx;
+        int st, n = 1 + rint_(10);
+        int64_t best, sim;
+        int32_t order[RMAX], gp[RMAX + 1];
+        int ng, i;
+        random_graph(&g, n, t % 2);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        st = mf_graph_check(&ctx, &d);
+        if (st != MF_OK) {
+            /* a view edge may close a cycle in a random graph: must be a cycle */
+            CHECK(st == MF_ECYCLE, "random %d: check failed %d %s", t, st, ctx.err);
+            tg_free(&g);
+            continue;
+        }
+        ref_build(&d, &r);
+        best = brute_min(&r);
+        /* simulator vs reference on a random permutation and grouping */
+        for (i = 0; i < n; i++)
+            order[i] = i;
+        for (i = n - 1; i > 0; i--) {
+            int j = rint_(i + 1), x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+        ng = 0;
+        gp[0] = 0;
+        for (i = 1; i <= n; i++)
+            if (i == n || rint_(2))
+                gp[++ng] = i;
+        {
+            int64_t steps[RMAX], ref_steps[RMAX], live_after[RMAX];
+            int64_t rp = ref_sim(&r, order, gp, ng, ref_steps);
+            st = mf_simulate(&ctx, &d, order, gp, ng, &sim, steps, live_after);
+            CHECK(st == MF_OK && sim == rp, "random %d: simulate %lld != ref %lld", t, (long long)sim,
+                  (long long)rp);
+            for (i = 0; i < ng && st == MF_OK; i++)
+                CHECK(steps[i] == ref_steps[i], "random %d: step %d", t, i);
+            rp = ref_sim(&r, order, NULL, 0, ref_steps);
+            st = mf_simulate(&ctx, &d, order, NULL, 0, &sim, steps, NULL);
+            CHECK(st == MF_OK && sim == rp, "random %d: unfused simulate %lld != ref %lld", t, (long long)sim,
+                  (long long)rp);
+        }
+        check_plan_against_ref(&d, &r, best, "random", t);
+        {
+            mf_plan_result res;
+            if (mf_plan(&ctx, &d, NULL, &res) == MF_OK) {
+                if (res.states > 0)
+                    n_dp++;
+                total_states += (long)res.states;
+            }
+            mf_plan_result_free(&ctx, &res);
+        }
+        tg_free(&g);
+    }
+    printf("random small graphs: %d used the DP, %ld states in all\n", n_dp, total_states);
+}
+
+/* Blocks of parallel paths joined by a residual chain, with floating
+ * "weight prep" ops (no inputs but graph inputs), n <= 22: checked against
+ * the exhaustive subset DP, which knows nothing of cut points. */
+static void block_graph(tg *g, int nblocks, int maxpaths, int fus_mode)
+{
+    int x, b, W;
+    tg_init(g);
+    W = tg_value(g, 64, 1, -1, 0);
+    x = tg_value(g, 8 * (1 + rint_(20)), 1, -1, 0);
+    for (b = 0; b < nblocks; b++) {
+        int np = 1 + rint_(maxpaths), p, acc = -1;
+        int w = -1;
+        if (rint_(2)) { /* a floating op: reads only a graph input */
+            int outv = tg_value(g, 8 * (1 + rint_(10)), 0, -1, 0);
+            tg_op(g, &W, 1, &outv, 1, fus_mode ? rint_(2) : 0);
+            w = outv;
+        }
+        for (p = 0; p < np; p++) {
+            int len = 1 + rint_(3), l, h = x;
+            for (l = 0; l < len; l++) {
+                int ins[2], nv = 1, o;
+                o = tg_value(g, 8 * (1 + rint_(40)), 0, (l > 0 && rint_(6) == 0) ? h : -1, 0);
+                ins[0] = h;
+                if (w >= 0 && l == 0 && p == 0)
+                    ins[nv++] = w;
+                if (g->alias_of[o] >= 0)
+                    g->bytes[o] = g->bytes[h];
+                tg_op(g, ins, nv, &o, 1, fus_mode ? rint_(2) : 0);
+                h = o;
+            }
+            {
+                int ins[2], o = tg_value(g, 8 * (1 + rint_(20)), 0, -1, 0);
+                ins[0] = acc >= 0 ? acc : x;
+                ins[1] = h;
+                tg_op(g, ins, 2, &o, 1, fus_mode ? rint_(2) : 0);
+                acc = o;
+            }
+        }
+        x = acc;
+    }
+    g->is_output[x] = 1;
+}
+
+static void test_blocks(void)
+{
+    int t, tested = 0;
+    for (t = 0; t < 60; t++) {
+        tg g;
+        mf_graph_desc d;
+        ref r;
+        mf_ctx ctx;
+        int64_t best;
+        block_graph(&g, 2 + rint_(3), 3, t % 2);
+        if (g.n_ops > 20 || g.n_ops < 2) {
+            tg_free(&g);
+            continue;
+        }
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "blocks %d: %s", t, ctx.err);
+        ref_build(&d, &r);
+        best = subset_min(&r);
+        check_plan_against_ref(&d, &r, best, "blocks", t);
+        tested++;
+        tg_free(&g);
+    }
+    printf("block graphs checked against the subset DP: %d\n", tested);
+}
+
+/* Random graphs of 11..16 ops against the subset DP. */
+static void test_random_medium(void)
+{
+    int t, tested = 0;
+    for (t = 0; t < 80; t++) {
+        tg g;
+        mf_graph_desc d;
+        ref r;
+        mf_ctx ctx;
+        random_graph(&g, 11 + rint_(6), t % 2);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        if (mf_graph_check(&ctx, &d) == MF_OK) {
+            ref_build(&d, &r);
+            check_plan_against_ref(&d, &r, subset_min(&r), "medium", t);
+            tested++;
+        }
+        tg_free(&g);
+    }
+    printf("medium random graphs checked against the subset DP: %d\n", tested);
+}
+
+/* ---- seed graph ---- */
+
+static void seed_graph(tg *g, int efficient)
+{
+    int t0[10], t1[10], t2[10], t3[10], a[11], i, phase;
+    const int64_t B = 262144;
+    tg_init(g);
+    for (i = 0; i < 10; i++)
+        t0[i] = tg_value(g, B, 1, -1, 0);
+    a[0] = tg_value(g, B, 1, -1, 0);
+    for (i = 0; i < 10; i++) {
+        t1[i] = tg_value(g, B, 0, -1, 0);
+        t2[i] = tg_value(g, B, 0, -1, 0);
+        t3[i] = tg_value(g, B, 0, -1, 0);
+        a[i + 1] = tg_value(g, B, 0, -1, i == 9);
+    }
+    if (efficient) {
+        for (i = 0; i < 10; i++) {
+            int in2[2];
+            tg_op(g, &t0[i], 1, &t1[i], 1, 1);
+            in2[0] = in2[1] = t1[i];
+            tg_op(g, in2, 2, &t2[i], 1, 0);
+            tg_op(g, &t2[i], 1, &t3[i], 1, 1);
+            in2[0] = t3[i];
+            in2[1] = a[i];
+            tg_op(g, in2, 2, &a[i + 1], 1, 0);
+        }
+    } else {
+        for (phase = 0; phase < 4; phase++)
+            for (i = 0; i < 10; i++) {
+                int in2[2];
+                if (phase == 0)
+                    tg_op(g, &t0[i], 1, &t1[i], 1, 1);
+                if (phase == 1) {
+                    in2[0] = in2[1] = t1[i];
+                    tg_op(g, in2, 2, &t2[i], 1, 0);
+                }
+                if (phase == 2)
+                    tg_op(g, &t2[i], 1, &t3[i], 1, 1);
+                if (phase == 3) {
+                    in2[0] = t3[i];
+                    in2[1] = a[i];
+                    tg_op(g, in2, 2, &a[i + 1], 1, 0);
+                }
+            }
+    }
+}
+
+static void test_seed(void)
+{
+    int eff;
+    for (eff = 1; eff >= 0; eff--) {
+        tg g;
+        mf_graph_desc d;
+        mf_ctx ctx;
+        mf_plan_result res;
+        int st, valid = 0, rep;
+        double t0, best_ms = 1e9;
+        int64_t sim;
+        seed_graph(&g, eff);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        for (rep = 0; rep < 5; rep++) {
+            t0 = now_ms();
+            st = mf_plan(&ctx, &d, NULL, &res);
+            t0 = now_ms() - t0;
+            if (t0 < best_ms)
+                best_ms = t0;
+            if (rep < 4)
+                mf_plan_result_free(&ctx, &res);
+        }
+        CHECK(st == MF_OK, "seed: %s", ctx.err);
+        CHECK(res.unfused_peak_bytes == 786432, "seed %d: unfused %lld", eff, (long long)res.unfused_peak_bytes);
+        CHECK(res.optimal == 1, "seed %d: not optimal", eff);
+        CHECK(res.peak_bytes <= 786432, "seed %d: fused peak %lld", eff, (long long)res.peak_bytes);
+        CHECK(res.baseline_peak_bytes == (eff ? 786432 : 2883584), "seed %d: baseline %lld", eff,
+              (long long)res.baseline_peak_bytes);
+        CHECK(res.lower_bound_bytes == 786432, "seed %d: LB %lld", eff, (long long)res.lower_bound_bytes);
+        CHECK(mf_check_order(&ctx, &d, res.order, &valid) == MF_OK && valid, "seed %d: invalid", eff);
+        CHECK(mf_simulate(&ctx, &d, res.order, res.group_ptr, res.n_groups, &sim, NULL, NULL) == MF_OK &&
+                  sim == res.peak_bytes,
+              "seed %d: simulate", eff);
+        CHECK(best_ms < 50.0, "seed %d: %.3f ms", eff, best_ms);
+        printf("seed graph (%s order): peak %lld unfused %lld baseline %lld LB %lld groups %d method %s "
+               "states %lld, %.3f ms\n",
+               eff ? "efficient" : "inefficient", (long long)res.peak_bytes, (long long)res.unfused_peak_bytes,
+               (long long)res.baseline_peak_bytes, (long long)res.lower_bound_bytes, (int)res.n_groups,
+               res.method, (long long)res.states, best_ms);
+        mf_plan_result_free(&ctx, &res);
+        tg_free(&g);
+    }
+}
+
+/* ---- simulator unit tests (hand-computed) ---- */
+
+static int64_t sim_of(const tg *g, const int32_t *order, const int32_t *gp, int ng, int64_t *steps,
+                      int64_t *live)
+{
+    mf_ctx ctx;
+    mf_graph_desc d = tg_desc(g);
+    int64_t peak = -1;
+    int st;
+    mf_ctx_init(&ctx, NULL);
+    st = mf_simulate(&ctx, &d, order, gp, ng, &peak, steps, live);
+    CHECK(st == MF_OK, "simulate failed: %s", ctx.err);
+    return peak;
+}
+
+static void test_simulator(void)
+{
+    tg g;
+    int32_t o01[] = {0, 1}, o012[] = {0, 1, 2}, o0123[] = {0, 1, 2, 3};
+    int32_t gp_all2[] = {0, 2}, gp3[] = {0, 2, 3};
+    int64_t steps[8], live[8];
+
+    /* a(in) -> op0 -> b(200) -> op1 -> c(50, out) */
+    {
+        int a, b, c;
+        tg_init(&g);
+        a = tg_value(&g, 100, 1, -1, 0);
+        b = tg_value(&g, 200, 0, -1, 0);
+        c = tg_value(&g, 50, 0, -1, 1);
+        tg_op(&g, &a, 1, &b, 1, 1);
+        tg_op(&g, &b, 1, &c, 1, 1);
+        CHECK(sim_of(&g, o01, NULL, 0, steps, live) == 250, "unfused chain");
+        CHECK(steps[0] == 200 && steps[1] == 250 && live[0] == 200 && live[1] == 50, "unfused steps");
+        /* fused: b is inner, never materialized; c is an output */
+        CHECK(sim_of(&g, o01, gp_all2, 1, steps, live) == 50 && live[0] == 50, "fused chain");
+        tg_free(&g);
+    }
+    /* views: x(100) by op0; op1: v = view(x), reads x; op2 reads v -> y(10, out);
+     * op3: w = view(v) reads v; op4 reads w -> z(1, out) */
+    {
+        int x, v, y, w, z, in2[1];
+        tg_init(&g);
+        x = tg_value(&g, 100, 0, -1, 0);
+        v = tg_value(&g, 100, 0, x, 0);
+        y = tg_value(&g, 10, 0, -1, 1);
+        tg_op(&g, NULL, 0, &x, 1, 0);
+        tg_op(&g, &x, 1, &v, 1, 0);
+        tg_op(&g, &v, 1, &y, 1, 0);
+        /* 0: 100, 1: 100 (a view allocates nothing), 2: 110, then x freed */
+        CHECK(sim_of(&g, o012, NULL, 0, steps, live) == 110, "view");
+        CHECK(steps[1] == 100 && live[1] == 100 && live[2] == 10, "view steps");
+        w = tg_value(&g, 100, 0, v, 0);
+        z = tg_value(&g, 1, 0, -1, 1);
+        tg_op(&g, &v, 1, &w, 1, 0);
+        in2[0] = w;
+        tg_op(&g, in2, 1, &z, 1, 0);
+        {
+            int32_t o[] = {0, 1, 2, 3, 4};
+            /* view chain keeps x alive until op4: 100, 100, 110, 110, 111 */
+            CHECK(sim_of(&g, o, NULL, 0, steps, live) == 111, "view chain");
+            CHECK(live[2] == 110 && live[3] == 110 && live[4] == 11, "view chain live");
+        }
+        /* the view is a graph output: storage x lives to the end */
+        g.is_output[w] = 1;
+        {
+            int32_t o[] = {0, 1, 2, 3, 4};
+            CHECK(sim_of(&g, o, NULL, 0, steps, live) == 111 && live[4] == 111, "view output");
+        }
+        tg_free(&g);
+    }
+    /* inputs never counted, a view of an input is free; an unread value is
+     * freed right after its op */
+    {
+        int a, av, u, o, ins[2], outs[2];
+        tg_init(&g);
+        a = tg_value(&g, 1000, 1, -1, 0);
+        av = tg_value(&g, 1000, 0, a, 0);
+        u = tg_value(&g, 300, 0, -1, 0);
+        o = tg_value(&g, 5, 0, -1, 1);
+        tg_op(&g, &a, 1, &av, 1, 1);
+        ins[0] = av;
+        outs[0] = u;
+        outs[1] = o;
+        tg_op(&g, ins, 1, outs, 2, 1);
+        CHECK(sim_of(&g, o01, NULL, 0, steps, live) == 305, "inputs free, unread counted");
+        CHECK(steps[0] == 0 && steps[1] == 305 && live[1] == 5, "unread freed");
+        /* in a fused group an unread storage is not materialized */
+        CHECK(sim_of(&g, o01, gp_all2, 1, steps, live) == 5, "fused unread");
+        tg_free(&g);
+    }
+    /* fusing can raise the peak: inputs stay alive until the kernel ends */
+    {
+        int x, y, z, q, ins[2];
+        tg_init(&g);
+        x = tg_value(&g, 100, 0, -1, 0);
+        y = tg_value(&g, 10, 0, -1, 0);
+        z = tg_value(&g, 100, 0, -1, 0);
+        q = tg_value(&g, 1, 0, -1, 1);
+        tg_op(&g, NULL, 0, &x, 1, 0); /* 0: x */
+        tg_op(&g, &x, 1, &y, 1, 1);   /* 1: y = f(x), frees x */
+        tg_op(&g, NULL, 0, &z, 1, 1); /* 2: z */
+        ins[0] = y;
+        ins[1] = z;
+        tg_op(&g, ins, 2, &q, 1, 0); /* 3 */
+        /* unfused: 100, 110, 110, 111 */
+        CHECK(sim_of(&g, o0123, NULL, 0, steps, live) == 111, "raise unfused");
+        {
+            int32_t gp[] = {0, 1, 3, 4};
+            /* [1,2] fused: x alive (100) + y, z read outside (110) = 210 */
+            CHECK(sim_of(&g, o0123, gp, 3, steps, live) == 210, "fusing raises");
+        }
+        (void)gp3;
+        tg_free(&g);
+    }
+}
+
+/* fusion lowers the peak: a chain of fusible elementwise ops with big inner values */
+static void test_fusion_plan(void)
+{
+    tg g;
+    mf_graph_desc d;
+    mf_ctx ctx;
+    mf_plan_result res;
+    int a, b, c, e, f;
+    tg_init(&g);
+    a = tg_value(&g, 100, 1, -1, 0);
+    b = tg_value(&g, 100, 0, -1, 0);
+    c = tg_value(&g, 100, 0, -1, 0);
+    e = tg_value(&g, 100, 0, -1, 0);
+    f = tg_value(&g, 100, 0, -1, 1);
+    tg_op(&g, &a, 1, &b, 1, 1);
+    tg_op(&g, &b, 1, &c, 1, 1);
+    tg_op(&g, &c, 1, &e, 1, 1);
+    tg_op(&g, &e, 1, &f, 1, 0);
+    d = tg_desc(&g);
+    mf_ctx_init(&ctx, NULL);
+    CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK, "%s", ctx.err);
+    /* unfused 200; fused [0..2] then [3]: 100 and 200 -> still 200; fewest groups 2 */
+    CHECK(res.unfused_peak_bytes == 200 && res.peak_bytes == 200 && res.n_groups == 2, "fusion plan %lld %d",
+          (long long)res.peak_bytes, (int)res.n_groups);
+    mf_plan_result_free(&ctx, &res);
+    g.fusible[3] = 1;
+    CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK, "%s", ctx.err);
+    CHECK(res.peak_bytes == 100 && res.n_groups == 1, "fusion all %lld %d", (long long)res.peak_bytes,
+          (int)res.n_groups);
+    mf_plan_result_free(&ctx, &res);
+    tg_free(&g);
+}
+
+/* ---- error messages ---- */
+
+static void expect_err(const tg *g, int status, const char *needle)
+{
+    mf_ctx ctx;
+    mf_graph_desc d = tg_desc(g);
+    mf_plan_result res;
+    int st;
+    mf_ctx_init(&ctx, NULL);
+    st = mf_graph_check(&ctx, &d);
+    CHECK(st == status && strstr(ctx.err, needle), "expected %d '%s', got %d '%s'", status, needle, st, ctx.err);
+    st = mf_plan(&ctx, &d, NULL, &res);
+    CHECK(st == status && strstr(ctx.err, needle) && res.order == NULL, "plan: expected %d '%s', got %d '%s'",
+          status, needle, st, ctx.err);
+    mf_plan_result_free(&ctx, &res);
+}
+
+static void test_errors(void)
+{
+    tg g;
+    int v[16], k;
+    /* produced twice */
+    tg_init(&g);
+    for (k = 0; k < 8; k++)
+        v[k] = tg_value(&g, 8, k == 0, -1, 0);
+    tg_op(&g, &v[0], 1, &v[1], 1, 0);
+    tg_op(&g, &v[1], 1, &v[2], 1, 0);
+    tg_op(&g, &v[1], 1, &v[7], 1, 0);
+    tg_op(&g, &v[2], 1, &v[3], 1, 0);
+    tg_op(&g, &v[2], 1, &v[4], 1, 0);
+    tg_op(&g, &v[2], 1, &v[7], 1, 0);
+    tg_op(&g, &v[2], 1, &v[5], 1, 0);
+    tg_op(&g, &v[2], 1, &v[6], 1, 0);
+    expect_err(&g, MF_EINVAL, "value 7 is produced by op 2 and op 5");
+    tg_free(&g);
+
+    /* neither produced nor input */
+    tg_init(&g);
+    v[0] = tg_value(&g, 8, 1, -1, 0);
+    v[1] = tg_value(&g, 8, 0, -1, 0);
+    v[2] = tg_value(&g, 8, 0, -1, 0);
+    v[3] = tg_value(&g, 8, 0, -1, 0);
+    tg_op(&g, &v[0], 1, &v[1], 1, 0);
+    tg_op(&g, &v[3], 1, &v[2], 1, 0);
+    expect_err(&g, MF_EINVAL, "value 3 is neither produced by an op nor a graph input");
+    /* out of range read */
+    g.in_idx[1] = 12;
+    expect_err(&g, MF_EINVAL, "op 1 reads value 12 out of range [0, 4)");
+    g.in_idx[1] = -1;
+    expect_err(&g, MF_EINVAL, "op 1 reads value -1 out of range [0, 4)");
+    g.in_idx[1] = 1;
+    g.out_idx[1] = 9;
+    expect_err(&g, MF_EINVAL, "op 1 writes value 9 out of range [0, 4)");
+    g.out_idx[1] = 2;
+    g.is_input[3] = 1;
+    /* negative size */
+    g.bytes[2] = -8;
+    expect_err(&g, MF_EINVAL, "value 2 has negative size -8");
+    g.bytes[2] = 8;
+    /* alias cycle */
+    g.alias_of[1] = 2;
+    g.alias_of[2] = 1;
+    expect_err(&g, MF_EINVAL, "alias chain through value");
+    g.alias_of[2] = 2;
+    expect_err(&g, MF_EINVAL, "alias chain through value 2 is cyclic");
+    g.alias_of[1] = -1;
+    g.alias_of[2] = 7;
+    expect_err(&g, MF_EINVAL, "value 2 is a view of value 7 out of range [0, 4)");
+    g.alias_of[2] = -1;
+    /* input also produced */
+    g.is_input[1] = 1;
+    expect_err(&g, MF_EINVAL, "graph input 1 is also produced by op 0");
+    g.is_input[1] = 0;
+    /* input that is a view of a produced value */
+    g.alias_of[3] = 2;
+    expect_err(&g, MF_EINVAL, "graph input 3 is a view of value 2, which is not a graph input");
+    g.alias_of[3] = -1;
+    /* ordering edges */
+    tg_after(&g, 1, 1);
+    expect_err(&g, MF_ECYCLE, "ordering edge (1, 1) creates a cycle");
+    g.after[0] = 5;
+    expect_err(&g, MF_EINVAL, "ordering edge 0 (5, 1) names op 5 out of range [0, 2)");
+    g.after[0] = 1;
+    g.after[1] = 0;
+    g.in_idx[1] = 3; /* op 1 reads the graph input 3: ops 0 and 1 independent */
+    {
+        mf_ctx ctx;
+        mf_graph_desc d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "independent ops with an edge: %s", ctx.err);
+    }
+    tg_free(&g);
+
+    /* cycles: dataflow 0 -> 1 plus ordering edge (1, 0) */
+    tg_init(&g);
+    v[0] = tg_value(&g, 8, 1, -1, 0);
+    v[1] = tg_value(&g, 8, 0, -1, 0);
+    v[2] = tg_value(&g, 8, 0, -1, 0);
+    v[3] = tg_value(&g, 8, 0, -1, 0);
+    tg_op(&g, &v[0], 1, &v[1], 1, 0);
+    tg_op(&g, &v[1], 1, &v[2], 1, 0);
+    tg_op(&g, &v[2], 1, &v[3], 1, 0);
+    tg_after(&g, 2, 1);
+    expect_err(&g, MF_ECYCLE, "ordering edge (2, 1) creates a cycle through ops 1 -> 2 -> 1");
+    g.n_after = 0;
+    /* a pure dataflow cycle: op 0 reads value 3 produced by op 2 */
+    g.in_idx[0] = 3;
+    expect_err(&g, MF_ECYCLE, "cycle through ops 0 -> 1 -> 2 -> 0");
+    g.in_idx[0] = 0;
+    /* an op reading its own output */
+    g.in_idx[1] = 2;
+    expect_err(&g, MF_ECYCLE, "op 1 reads value 2, which it produces itself");
+    g.in_idx[1] = 1;
+    /* a view edge closing a cycle: value 1 (op 0) a view of value 3 (op 2) */
+    g.alias_of[1] = 3;
+    expect_err(&g, MF_ECYCLE, "cycle through ops 0 -> 1 -> 2 -> 0");
+    g.alias_of[1] = -1;
+    /* structural */
+    g.in_ptr[1] = 2;
+    g.in_ptr[2] = 1;
+    expect_err(&g, MF_EINVAL, "in_ptr decreases at op 1");
+    g.in_ptr[1] = 1;
+    g.in_ptr[2] = 2;
+    {
+        mf_ctx ctx;
+        mf_graph_desc d = tg_desc(&g);
+        int valid = 1;
+        int32_t bad[] = {0, 0, 2}, rev[] = {2, 1, 0}, ok[] = {0, 1, 2};
+        int64_t pk;
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_check_order(&ctx, &d, ok, &valid) == MF_OK && valid == 1, "valid order");
+        CHECK(mf_check_order(&ctx, &d, rev, &valid) == MF_OK && valid == 0, "reversed order");
+        CHECK(mf_check_order(&ctx, &d, bad, &valid) == MF_OK && valid == 0, "not a permutation");
+        CHECK(mf_simulate(&ctx, &d, bad, NULL, 0, &pk, NULL, NULL) == MF_EINVAL &&
+                  strstr(ctx.err, "op 0 appears twice"),
+              "simulate non-permutation: %s", ctx.err);
+        CHECK(mf_simulate(&ctx, &d, rev, NULL, 0, &pk, NULL, NULL) == MF_OK, "simulate invalid order");
+        {
+            int32_t gp[] = {0, 2, 2};
+            CHECK(mf_simulate(&ctx, &d, ok, gp, 2, &pk, NULL, NULL) == MF_EINVAL && strstr(ctx.err, "group_ptr"),
+                  "bad group_ptr: %s", ctx.err);
+        }
+    }
+    tg_free(&g);
+
+    /* empty graph */
+    {
+        mf_ctx ctx;
+        mf_graph_desc d;
+        mf_plan_result res;
+        int32_t zero = 0;
+        memset(&d, 0, sizeof d);
+        d.in_ptr = &zero;
+        d.out_ptr = &zero;
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK && res.n_groups == 0 && res.peak_bytes == 0 &&
+                  res.optimal == 1,
+              "empty graph: %s", ctx.err);
+        mf_plan_result_free(&ctx, &res);
+        mf_plan_result_free(&ctx, &res); /* safe twice / on zeroed */
+        CHECK(mf_graph_check(&ctx, NULL) == MF_EINVAL, "NULL graph");
+    }
+}
+
+static void stack_graph(tg *g, int target_ops);
+
+/* ---- allocation failure injection ---- */
+
+typedef int (*call_fn)(mf_ctx *ctx, const mf_graph_desc *d, void *arg);
+
+static int call_plan(mf_ctx *ctx, const mf_graph_desc *d, void *arg)
+{
+    mf_plan_result res;
+    int st = mf_plan(ctx, d, (const mf_plan_options *)arg, &res);
+    if (st == MF_OK)
+        CHECK(res.order != NULL, "plan ok without order");
+    else
+        CHECK(res.order == NULL && res.group_ptr == NULL, "plan failed but left arrays");
+    mf_plan_result_free(ctx, &res);
+    return st;
+}
+
+static int call_check(mf_ctx *ctx, const mf_graph_desc *d, void *arg)
+{
+    (void)arg;
+    return mf_graph_check(ctx, d);
+}
+
+static int call_sim(mf_ctx *ctx, const mf_graph_desc *d, void *arg)
+{
+    int64_t pk;
+    int valid, st;
+    (void)arg;
+    st = mf_simulate(ctx, d, (const int32_t *)arg, NULL, 0, &pk, NULL, NULL);
+    if (st)
+        return st;
+    return mf_check_order(ctx, d, (const int32_t *)arg, &valid);
+}
+
+static void inject(const mf_graph_desc *d, call_fn fn, void *arg, const char *what)
+{
+    talloc ta;
+    mf_allocator al;
+    mf_ctx ctx;
+    long total, N;
+    al.alloc = t_alloc;
+    al.free = t_free;
+    al.ud = &ta;
+    memset(&ta, 0, sizeof ta);
+    mf_ctx_init(&ctx, &al);
+    CHECK(fn(&ctx, d, arg) == MF_OK, "%s: clean run failed: %s", what, ctx.err);
+    CHECK(ta.live == 0, "%s: clean run leaked %ld blocks", what, ta.live);
+    total = ta.count;
+    for (N = 1; N <= total; N++) {
+        int st;
+        memset(&ta, 0, sizeof ta);
+        ta.fail_at = N;
+        ctx.err[0] = 0;
+        st = fn(&ctx, d, arg);
+        CHECK(st == MF_ENOMEM, "%s: failing allocation %ld/%ld gave %d (%s)", what, N, total, st, ctx.err);
+        CHECK(ta.live == 0, "%s: failing allocation %ld leaked %ld blocks", what, N, ta.live);
+        CHECK(st != MF_ENOMEM || strstr(ctx.err, "out of memory"), "%s: message '%s'", what, ctx.err);
+    }
+    printf("allocation failure injection (%s): %ld allocations, each failed once\n", what, total);
+}
+
+static void test_alloc_failures(void)
+{
+    tg g;
+    mf_graph_desc d;
+    mf_plan_options opt;
+    int t, found = 0;
+    int32_t ident[64];
+    for (t = 0; t < 64; t++)
+        ident[t] = t;
+    seed_graph(&g, 0);
+    d = tg_desc(&g);
+    inject(&d, call_plan, NULL, "plan seed");
+    inject(&d, call_check, NULL, "check seed");
+    inject(&d, call_sim, ident, "simulate seed");
+    tg_free(&g);
+    /* graphs where the DP and the windows run */
+    for (t = 0; t < 400 && found < 3; t++) {
+        mf_ctx ctx;
+        mf_plan_result res;
+        int st;
+        block_graph(&g, 3, 3, 1);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        st = mf_plan(&ctx, &d, NULL, &res);
+        if (st == MF_OK && res.states > 3) {
+            found++;
+            inject(&d, call_plan, NULL, "plan with DP");
+            opt.max_states = 3;
+            opt.fuse = 1;
+            inject(&d, call_plan, &opt, "plan with capped DP");
+        }
+        mf_plan_result_free(&ctx, &res);
+        tg_free(&g);
+    }
+    CHECK(found > 0, "no block graph needed the DP");
+    /* a DP that grows its state arrays and hash table, capped, then windows */
+    stack_graph(&g, 150);
+    d = tg_desc(&g);
+    opt.max_states = 6000;
+    opt.fuse = 1;
+    inject(&d, call_plan, &opt, "plan with a large DP");
+    tg_free(&g);
+}
+
+/* ---- larger graphs: timing and sanity ---- */
+
+/* Transformer-like stack: per block a fan-out of the residual into paths of
+ * a few ops (some reading a weight prepared by a floating op), summed into
+ * the residual by a chain of adds. */
+static void stack_graph(tg *g, int target_ops)
+{
+    int x, W;
+    tg_init(g);
+    W = tg_value(g, 4096, 1, -1, 0);
+    x = tg_value(g, 4096, 1, -1, 0);
+    while (g->n_ops < target_ops) {
+        int np = 4 + rint_(7), p, acc = x;
+        for (p = 0; p < np; p++) {
+            int len = 3 + rint_(4), l, h = x, w = -1;
+            if (rint_(3) == 0) {
+                w = tg_value(g, 1024, 0, -1, 0);
+                tg_op(g, &W, 1, &w, 1, 0);
+            }
+            for (l = 0; l < len; l++) {
+                int ins[2], nin = 1, o = tg_value(g, 1024 * (1 + rint_(8)), 0, -1, 0);
+                ins[0] = h;
+                if (l == 0 && w >= 0)
+                    ins[nin++] = w;
+                tg_op(g, ins, nin, &o, 1, rint_(2));
+                h = o;
+            }
+            {
+                int ins[2], o = tg_value(g, 4096, 0, -1, 0);
+                ins[0] = acc;
+                ins[1] = h;
+                tg_op(g, ins, 2, &o, 1, 1);
+                acc = o;
+            }
+        }
+        x = acc;
+    }
+    g->is_output[x] = 1;
+}
+
+static void test_large(int full)
+{
+    int sizes[] = {10000, 100000}, si;
+    for (si = 0; si < (full ? 2 : 1); si++) {
+        tg g;
+        mf_graph_desc d;
+        mf_ctx ctx;
+        mf_plan_result res;
+        int valid = 0, st;
+        double t0;
+        stack_graph(&g, sizes[si]);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        t0 = now_ms();
+        st = mf_plan(&ctx, &d, NULL, &res);
+        t0 = now_ms() - t0;
+        CHECK(st == MF_OK, "large: %s", ctx.err);
+        if (st == MF_OK) {
+            CHECK(mf_check_order(&ctx, &d, res.order, &valid) == MF_OK && valid, "large: invalid order");
+            CHECK(res.unfused_peak_bytes <= res.baseline_peak_bytes, "large: worse than input");
+            printf("stack graph %d ops: %.1f ms, peak %lld unfused %lld baseline %lld LB %lld optimal %d "
+                   "method %s states %lld groups %d\n",
+                   (int)d.n_ops, t0, (long long)res.peak_bytes, (long long)res.unfused_peak_bytes,
+                   (long long)res.baseline_peak_bytes, (long long)res.lower_bound_bytes, res.optimal, res.method,
+                   (long long)res.states, (int)res.n_groups);
+        }
+        mf_plan_result_free(&ctx, &res);
+        tg_free(&g);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int full = argc > 1 && !strcmp(argv[1], "--full");
+    test_simulator();
+    test_fusion_plan();
+    test_errors();
+    test_seed();
+    test_random_small();
+    test_blocks();
+    test_random_medium();
+    test_alloc_failures();
+    test_large(full);
+    printf("%d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
+}
