@@ -18,14 +18,16 @@
 # Exit status: 0 when no test that passes in the baseline fails with memfuse
 # (and both runs completed), 1 otherwise.
 #
-# Selection (see tests/peer/README.md): test_core.py, test_grad.py (all of it:
-# it is the backward-trace coverage; the checkpoint tests are in it),
-# test_networks.py (nanoGPT pieces, HF BART self-attention), test_update_aliases.py,
-# test_inplace_copy.py, test_jit_general.py; test_randomness.py has no CPU test.
+# Selection (see tests/peer/README.md): test_core.py, test_grad.py (the
+# checkpoint tests, the per-op forward+backward phantom-grad tests, populate_grads
+# on nanoGPT pieces...), test_networks.py (nanoGPT pieces, HF BART self-attention),
+# test_update_aliases.py, test_inplace_copy.py, test_jit_general.py,
+# test_transforms.py; test_randomness.py has no CPU test.
 # Deselected with -k: CUDA/nvFuser cases (skipped or failing on CPU anyway),
 # the torch.compile/Dynamo variants (DynamoThunder: broken on torch 2.13 at
-# baseline, 40 s of failures), and the litgpt tests (need the litgpt package
-# and ~35 dependencies).
+# baseline, 40 s of failures), the litgpt tests (need the litgpt package and
+# ~35 dependencies) and test_grad's test_vjp_correctness_* (finite-difference
+# checks of explicit vjp traces: 11 of the 15 minutes of test_grad on 2 cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -55,8 +57,8 @@ if [ -n "$missing" ]; then
     exit 2
 fi
 
-FILES="test_core.py test_grad.py test_networks.py test_update_aliases.py test_inplace_copy.py test_jit_general.py"
-KEXPR="not cuda and not nvfuser and not DynamoThunder and not litgpt"
+FILES="test_core.py test_grad.py test_networks.py test_update_aliases.py test_inplace_copy.py test_jit_general.py test_transforms.py"
+KEXPR="not cuda and not nvfuser and not DynamoThunder and not litgpt and not test_vjp_correctness"
 PATHS=()
 for f in $FILES; do PATHS+=("$TDIR/$f"); done
 

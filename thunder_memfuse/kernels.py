@@ -169,6 +169,9 @@ def _dtype_name(dtype) -> str:
 
 
 _SHAPE_PRIMS = ("BROADCAST_IN_DIM", "TRANSPOSE", "SQUEEZE", "RESHAPE")
+# Prims whose value is their argument's value (no instruction): clone materializes only where it
+# is a region output, which is exactly a copy.
+_PASS_PRIMS = ("CLONE",)
 _SKIP_PRIMS = ("DEL", "COMMENT")
 
 
@@ -213,6 +216,8 @@ def _leaf_kind(leaf) -> str:
     name = _prim_name(leaf)
     if name in _SHAPE_PRIMS:
         return "shape"
+    if name in _PASS_PRIMS:
+        return "pass"
     op = name.lower() if name else None
     if op is None or op == "const" or op not in _codegen_ops():
         raise _Unsupported(f"prim {leaf.sym.name} has no kernel code")
@@ -248,7 +253,7 @@ def fusible_bsym(bsym) -> bool:
         if not outs or not all(_is_tensor(o) for o in outs):
             return False
         leaves = _leaves(bsym, [])
-        if not any(_leaf_kind(l) == "elementwise" for l in leaves):
+        if all(_leaf_kind(l) == "shape" for l in leaves):
             return False
         inputs = []
         for a in bsym.flat_args:
@@ -317,6 +322,10 @@ def _arg_mappings(leaf, m):
         dims = {d % len(a_shape) for d in (dims if isinstance(dims, (tuple, list)) else (dims,))}
         it = iter(m)
         return [(a, tuple(None if i in dims else next(it) for i in range(len(a_shape))))]
+    if name in _PASS_PRIMS:
+        if _shape(args[0]) != out_shape:
+            raise _Unsupported(f"{leaf.sym.name} changes the shape")
+        return [(args[0], m)]
     if name == "RESHAPE":
         a = args[0]
         a_shape = _shape(a)
@@ -469,7 +478,7 @@ def _lower(bsyms, inputs, outputs) -> _Program:
             continue  # dead inside the region
         name = _prim_name(leaf)
         for m in ms:
-            if name in _SHAPE_PRIMS:
+            if name in _SHAPE_PRIMS or name in _PASS_PRIMS:
                 (a, am), = _arg_mappings(leaf, m)
                 memo[(out.name, m)] = memo[(a.name, am)]
                 continue

@@ -11,7 +11,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
 
 
 def cpu_peak_bytes(fn, *args, **kwargs):
@@ -19,7 +22,7 @@ def cpu_peak_bytes(fn, *args, **kwargs):
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn(*args, **kwargs)
     sizes = []
 
@@ -37,6 +40,25 @@ def cpu_peak_bytes(fn, *args, **kwargs):
         cur += s
         peak = max(peak, cur)
     return peak, out
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence the profiler's native start/stop lines (written by C++ to fd 2)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (captured): nothing to silence
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def cuda_peak_bytes(fn, *args, warmup=True, **kwargs):

@@ -135,12 +135,20 @@ def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix=
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
         name = f"{name_prefix}{next(_fusion_ids)}"
         fn = make_region_callable(name, list(group), inputs, outputs, backend=backend)
-        sym = Symbol(name, meta=None, is_fusion=True, executor=executor)
+        # the meta lets Thunder re-run the symbol on proxies (check_traces)
+        sym = Symbol(name, meta=_outputs_meta(tuple(outputs)), is_fusion=True, executor=executor)
         new_bsyms.append(BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn}))
         n_regions += 1
     new_trace = from_trace(trace)
     new_trace.bound_symbols = new_bsyms
     return del_last_used(new_trace, clear_mutable_collections=is_backward), n_regions
+
+
+def _outputs_meta(outputs):
+    def meta(*args, **kwargs):
+        return outputs
+
+    return meta
 
 
 def _trace_name(trace) -> str:

@@ -52,6 +52,8 @@ _stats = {
     "hook_changed": 0,
     "hook_unchanged": 0,
     "hook_raised": 0,
+    "traces_with_new_regions": 0,
+    "new_regions": 0,
     "memfuse_warnings": 0,
 }
 _warn_counts: Counter = Counter()
@@ -107,6 +109,13 @@ def _tally_warning(text: str) -> None:
     _warn_tests[key].add(_current_test["nodeid"])
 
 
+def _fusion_names(trace) -> set:
+    try:
+        return {b.sym.name for b in trace.bound_symbols if getattr(b.sym, "is_fusion", False)}
+    except Exception:
+        return set()
+
+
 def _instrument(cls) -> None:
     """Count the hook's calls and outcomes and its RuntimeWarnings (class level: pickling unaffected)."""
     if getattr(cls, "_peer_instrumented", False):
@@ -136,7 +145,11 @@ def _instrument(cls) -> None:
             _stats["hook_unchanged"] += 1
         else:
             _stats["hook_changed"] += 1
-            _tests_with_changes.add(_current_test["nodeid"])
+            new_regions = _fusion_names(out) - _fusion_names(computation_trace)
+            if new_regions:
+                _stats["traces_with_new_regions"] += 1
+                _stats["new_regions"] += len(new_regions)
+                _tests_with_changes.add(_current_test["nodeid"])
         return out
 
     cls.transform_trace_post_optimization = transform_trace_post_optimization
@@ -220,8 +233,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                       + (" [strict]" if STRICT else ""))
         tr.write_line(
             f"MemFuse.transform_trace_post_optimization calls: {s['hook_calls']} "
-            f"(changed trace: {s['hook_changed']}, returned input: {s['hook_unchanged']}, raised: {s['hook_raised']}); "
-            f"tests where memfuse changed a trace: {len(_tests_with_changes)}"
+            f"(returned a new trace: {s['hook_changed']}, returned its input: {s['hook_unchanged']}, "
+            f"raised: {s['hook_raised']})"
+        )
+        tr.write_line(
+            f"fusion regions made by memfuse: {s['new_regions']} in {s['traces_with_new_regions']} trace(s), "
+            f"{len(_tests_with_changes)} test(s)"
         )
     else:
         tr.write_line(f"baseline (MEMFUSE_PEER=0): thunder.jit calls: {s['jit_calls']}, wrapped: 0")
@@ -233,7 +250,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     path = os.environ.get("MEMFUSE_PEER_JSON")
     if path:
         data = dict(s)
-        data["tests_with_changes"] = sorted(_tests_with_changes)
+        data["tests_with_new_regions"] = sorted(_tests_with_changes)
         data["warnings"] = [
             {"message": _warn_first_test[k][1], "count": n, "tests": sorted(_warn_tests[k])}
             for k, n in _warn_counts.most_common()

@@ -1,0 +1,320 @@
+"""The CUDA paths on a real GPU: generated kernels and cuBLAS against eager PyTorch.
+
+Skipped with reason "CUDA not available" when torch.cuda.is_available() is False.  Run on a GPU
+machine with benchmarks/gpu_check.sh.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+import torch
+
+import thunder_memfuse  # noqa: F401
+from thunder_memfuse import _C
+from thunder_memfuse import kernels as K
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available"),
+]
+
+from test_codegen import (  # noqa: E402  (shared tables and reference functions)
+    CASES,
+    DTYPES,
+    EMU_OPS,
+    MATH1,
+    TOL,
+    _env,
+    _thunder_region,
+    make_input,
+    op_region,
+    torch_ref,
+)
+
+DEV = "cuda"
+
+
+def _arch():
+    return torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
+
+
+def run_raw_region_cuda(reg, tensors, scalars=(), out_shape=None):
+    """Launch a hand-written region tuple on CUDA tensors whose shapes equal the iteration space."""
+    inputs, instrs, outputs, ndim, index64, contiguous = reg
+    S = tuple(out_shape or tensors[0].shape)
+    numel = math.prod(S)
+    vdt = [dt for _, dt in inputs] + [i[2] for i in instrs]
+    outs = [torch.empty(S, dtype=getattr(torch, vdt[v]), device=DEV) for v, _ in outputs]
+    if numel == 0:
+        return outs
+    ops_t = list(tensors) + outs
+    ptrs = [t.data_ptr() for t in ops_t]
+    nd = 1 if contiguous else len(S)
+    if contiguous:
+        params = struct.pack(f"<q{len(ptrs)}Q", numel, *ptrs)
+    else:
+        strides = [s for t in ops_t for s in t.stride()]
+        params = struct.pack(f"<q{nd}q{len(ptrs)}Q{len(strides)}q", numel, *S, *ptrs, *strides)
+    for dt, v in scalars:
+        params += struct.pack("<d" if dt == "float64" else "<q", v)
+    src = _C.cuda_codegen((inputs, instrs, outputs, nd, index64, contiguous))
+    res = K.nvrtc_compile(src, _arch())
+    dev = torch.cuda.current_device()
+    fn = _C.cuda_load_function(res["image"], "mf_kernel", dev)
+    grid = max(1, min((numel + 255) // 256, 65535))
+    _C.cuda_launch(fn, dev, grid, 256, torch.cuda.current_stream().cuda_stream, params)
+    return outs
+
+
+def test_status_on_gpu():
+    st = K.cuda_status()
+    assert st["driver"]["found"], st["driver"]["error"]
+    assert st["driver"]["device_count"] >= 1
+    assert st["nvrtc"]["found"], st["nvrtc"]["error"]
+    assert st["can_run"]
+    arch, sms = _C.cuda_device_info(torch.cuda.current_device())
+    assert arch == _arch() and sms > 0
+
+
+@pytest.mark.parametrize("variant", [(2, False, False), (1, False, True), (2, True, False)],
+                         ids=["strided32", "contiguous", "strided64"])
+@pytest.mark.parametrize("op", EMU_OPS)
+def test_every_op_and_dtype_against_eager(op, variant):
+    ndim, index64, contiguous = variant
+    gen = torch.Generator().manual_seed(hash(op) % 1000)
+    reg, plan = op_region(op, DTYPES, ndim=ndim, index64=index64, contiguous=contiguous)
+    shape = (33, 65)
+    tensors = []
+    for dt, od, args in plan:
+        if op == "where":
+            tensors += [make_input(op, "bool", shape, gen), make_input(op, dt, shape, gen, 1),
+                        make_input(op, dt, shape, gen, 2)]
+        else:
+            tensors += [make_input(op, dt, shape, gen, k) for k in range(len(args))]
+    tensors = [t.to(DEV) for t in tensors]
+    if not contiguous:
+        tensors[0] = tensors[0].t().contiguous().t()
+    outs = run_raw_region_cuda(reg if contiguous else reg, tensors)
+    pos = 0
+    for (dt, od, args), got in zip(plan, outs):
+        xs = tensors[pos:pos + len(args)]
+        pos += len(args)
+        want = torch_ref(op, od, *xs).to(got.dtype)
+        if got.dtype.is_floating_point:
+            torch.testing.assert_close(got, want, equal_nan=True, **TOL[od], msg=lambda m: f"{op} {dt}: {m}")
+        else:
+            assert torch.equal(got, want), (op, dt)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_thunder_regions_against_eager(case):
+    fn, make = CASES[case]
+    torch.manual_seed(0)
+    args_cpu = make()
+    tr, bsyms, inputs, outs, _ = _thunder_region(fn, *args_cpu)
+    region = K.build_cuda_region(bsyms, inputs, outs)
+    args = tuple(a.to(DEV) for a in args_cpu)
+    env = _env(tr, args_cpu, inputs)
+    call_args = [env[p.name].to(DEV) for p in inputs]
+    got = region(*call_args)
+    expected = fn(*args)
+    exp = expected if isinstance(expected, (tuple, list)) else (expected,)
+    ret = tr.bound_symbols[-1].args[0]
+    ret = ret if isinstance(ret, (tuple, list)) else [ret]
+    by_name = {o.name: g for o, g in zip(outs, got)}
+    for proxy, want in zip(ret, exp):
+        if proxy.name in by_name:
+            g = by_name[proxy.name]
+            assert g.is_cuda and g.shape == want.shape and g.dtype == want.dtype
+            if g.dtype.is_floating_point:
+                torch.testing.assert_close(g, want, **TOL[str(g.dtype).replace("torch.", "")])
+            else:
+                assert torch.equal(g, want)
+
+
+def _relu_add_region():
+    fn = lambda x, y: torch.nn.functional.relu(x) + y  # noqa: E731
+    tr, bsyms, inputs, outs, _ = _thunder_region(fn, torch.randn(64, 48), torch.randn(48))
+    return K.build_cuda_region(bsyms, inputs, outs)
+
+
+def test_broadcast_strided_and_sliced_inputs():
+    region = _relu_add_region()
+    x = torch.randn(64, 96, device=DEV)[:, ::2]        # strided
+    y = torch.randn(48, 2, device=DEV)[:, 1]           # strided 1-D
+    (out,) = region(x, y)
+    torch.testing.assert_close(out, torch.relu(x) + y)
+    xt = torch.randn(48, 64, device=DEV).t()           # transposed
+    (out,) = region(xt, y)
+    torch.testing.assert_close(out, torch.relu(xt) + y)
+    ye = torch.randn(1, device=DEV).expand(48)         # stride 0
+    (out,) = region(xt, ye)
+    torch.testing.assert_close(out, torch.relu(xt) + ye)
+
+
+def test_empty_tensors():
+    fn = lambda x, y: torch.nn.functional.relu(x) * y  # noqa: E731
+    tr, bsyms, inputs, outs, _ = _thunder_region(fn, torch.randn(0, 5), torch.randn(0, 5))
+    region = K.build_cuda_region(bsyms, inputs, outs)
+    (out,) = region(torch.randn(0, 5, device=DEV), torch.randn(0, 5, device=DEV))
+    assert out.shape == (0, 5) and out.is_cuda
+
+
+def test_current_stream_is_used():
+    region = _relu_add_region()
+    x = torch.randn(64, 48, device=DEV)
+    y = torch.randn(48, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        (out,) = region(x, y)
+    s.synchronize()
+    torch.testing.assert_close(out, torch.relu(x) + y)
+
+
+def test_compiled_kernel_is_cached():
+    region = _relu_add_region()
+    x = torch.randn(64, 48, device=DEV)
+    y = torch.randn(48, device=DEV)
+    region(x, y)
+    before = _C.cuda_cache_stats()
+    region2 = _relu_add_region()
+    region2(x, y)
+    after = _C.cuda_cache_stats()
+    assert after["compiles"] == before["compiles"]  # same source: memory cache
+
+
+def _free_bytes():
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.mem_get_info()[0] < 12 * 2**30,
+                    reason="needs 12 GiB free GPU memory")
+def test_large_tensor_uses_64bit_indexing():
+    n = 2**31 + 1000
+    # a raw region, 64-bit contiguous variant
+    reg = ([("tensor", "int8")], [("const", (), "int64", 1), ("add", (0, 1), "int8")], [(2, False)], 1, True, True)
+    big = torch.full((n,), 3, dtype=torch.int8, device=DEV)
+    (out,) = run_raw_region_cuda(reg, [big])
+    assert out[-1].item() == 4 and out[0].item() == 4 and int(out.sum(dtype=torch.int64)) == 4 * n
+    del big, out
+    torch.cuda.empty_cache()
+    # the region path picks the 64-bit variant by itself
+    region_fn = lambda x: torch.nn.functional.relu(x)  # noqa: E731
+    tr, bsyms, inputs, outs, _ = _thunder_region(region_fn, torch.zeros(2, 4, dtype=torch.int8))
+    r = K.build_cuda_region(bsyms, inputs, outs)
+    r.prog.S = (2, n // 2)  # same program, larger shape (shapes are kernel arguments)
+    r._expect = {p: (dt, (2, n // 2)) for p, (dt, _) in r._expect.items()}
+    r.prog.out_info = [((2, n // 2), m, d) for _, m, d in r.prog.out_info]
+    big = torch.full((2, n // 2), -2, dtype=torch.int8, device=DEV)
+    big[1, -1] = 7
+    o, _ = r.allocate_outputs(big.device)
+    variant, numel, _ = r.launch_params([big], o)
+    assert variant[1] is True
+    (out,) = r(big)
+    assert out[1, -1].item() == 7 and out[0, 0].item() == 0
+
+
+def test_region_memory_is_exactly_its_outputs():
+    region = _relu_add_region()
+    x = torch.randn(64, 48, device=DEV)
+    y = torch.randn(48, device=DEV)
+    region(x, y)  # warm up: compile and load
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    (out,) = region(x, y)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak == torch.cuda.memory_allocated() - before
+    assert peak == math.ceil(out.numel() * out.element_size() / 512) * 512
+
+
+# ---------------------------------------------------------------------------------------------
+# cuBLAS
+
+
+MM_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+MM_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=2e-2, atol=2e-2),
+          torch.bfloat16: dict(rtol=5e-2, atol=5e-2), torch.float64: dict(rtol=1e-10, atol=1e-10)}
+
+
+@pytest.mark.parametrize("dtype", MM_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((64, 32), (32, 48)), ((1, 32), (32, 1)), ((32,), (32, 16)), ((16, 32), (32,)), ((32,), (32,)),
+     ((3, 64, 32), (3, 32, 16)), ((3, 64, 32), (32, 16)), ((64, 32), (5, 32, 16)),
+     ((2, 1, 8, 4), (3, 4, 6)), ((0, 4), (4, 5)), ((4, 0), (0, 5))],
+)
+def test_matmul_against_torch(dtype, sa, sb):
+    a = torch.randn(sa, device=DEV, dtype=dtype)
+    b = torch.randn(sb, device=DEV, dtype=dtype)
+    got = K.cuda_matmul(a, b)
+    want = torch.matmul(a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, **MM_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", MM_DTYPES, ids=str)
+def test_matmul_transposed_and_strided_operands(dtype):
+    a = torch.randn(32, 64, device=DEV, dtype=dtype).t()          # column-major
+    b = torch.randn(48, 32, device=DEV, dtype=dtype).t()
+    torch.testing.assert_close(K.cuda_matmul(a, b), a @ b, **MM_TOL[dtype])
+    c = torch.randn(64, 80, device=DEV, dtype=dtype)[:, 8:40]     # row stride 80
+    torch.testing.assert_close(K.cuda_matmul(c, b), c @ b, **MM_TOL[dtype])
+    d = torch.randn(64, 32, 2, device=DEV, dtype=dtype)[:, :, 0]  # neither layout: copied
+    torch.testing.assert_close(K.cuda_matmul(d, b), d @ b, **MM_TOL[dtype])
+    e = torch.randn(4, 32, 64, device=DEV, dtype=dtype).transpose(1, 2)  # batched, column-major
+    f = torch.randn(4, 32, 16, device=DEV, dtype=dtype)
+    torch.testing.assert_close(K.cuda_matmul(e, f), e @ f, **MM_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", MM_DTYPES, ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("xshape", [(64, 32), (2, 3, 32), (32,)])
+def test_linear_against_torch(dtype, bias, xshape):
+    x = torch.randn(xshape, device=DEV, dtype=dtype)
+    w = torch.randn(48, 32, device=DEV, dtype=dtype)
+    b = torch.randn(48, device=DEV, dtype=dtype) if bias else None
+    got = K.cuda_linear(x, w, b)
+    want = torch.nn.functional.linear(x, w, b)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, **MM_TOL[dtype])
+
+
+def test_gemm_unsupported_dtypes_fall_back():
+    a = torch.randint(0, 5, (4, 4), device=DEV)
+    with pytest.raises(NotImplementedError):
+        K.cuda_matmul(a, a)
+    with pytest.raises(NotImplementedError):
+        K.cuda_matmul(torch.randn(4, 4), torch.randn(4, 4))
+
+
+def test_matmul_memory_is_exactly_its_output():
+    a = torch.randn(256, 256, device=DEV)
+    b = torch.randn(256, 256, device=DEV)
+    K.cuda_matmul(a, b)  # warm up: handle and workspace
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    out = K.cuda_matmul(a, b)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak == out.numel() * out.element_size()
+    torch.testing.assert_close(out, a @ b, **MM_TOL[torch.float32])
+
+
+def test_matmul_on_side_stream():
+    a = torch.randn(128, 128, device=DEV)
+    b = torch.randn(128, 128, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = K.cuda_matmul(a, b)
+    s.synchronize()
+    torch.testing.assert_close(out, a @ b, **MM_TOL[torch.float32])
