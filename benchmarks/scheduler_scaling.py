@@ -87,8 +87,8 @@ def bench(name, spec, repeat):
         times.append((time.perf_counter() - t) * 1e3)
     assert p.peak_bytes <= p.unfused_peak_bytes <= p.baseline_peak_bytes
     print(f"| {name} | {len(spec['ops'])} | {statistics.median(times):.2f} | {p.states} | "
-          f"{'yes' if p.optimal else 'no'} | {p.method} | {p.baseline_peak_bytes / MIB:.1f} | "
-          f"{p.unfused_peak_bytes / MIB:.1f} | {p.peak_bytes / MIB:.1f} | {p.lower_bound_bytes / MIB:.1f} | "
+          f"{'yes' if p.optimal else 'no'} | {p.method} | {p.baseline_peak_bytes / MIB:.2f} | "
+          f"{p.unfused_peak_bytes / MIB:.2f} | {p.peak_bytes / MIB:.2f} | {p.lower_bound_bytes / MIB:.2f} | "
           f"{len(p.groups)} |")
     return p
 

@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "memfuse": ("thunder_memfuse.transform", "memfuse"),
     "MemFuse": ("thunder_memfuse.transform", "MemFuse"),
-    "report": ("thunder_memfuse.report", "report"),
-    "plot_timeline": ("thunder_memfuse.report", "plot_timeline"),
+    "report": ("thunder_memfuse._report", "report"),
+    "plot_timeline": ("thunder_memfuse._report", "plot_timeline"),
     "cuda_status": ("thunder_memfuse.kernels", "cuda_status"),
 }
 

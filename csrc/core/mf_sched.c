@@ -845,6 +845,43 @@ static int64_t h_of(const seg_ws *w, const uint64_t *S, int32_t k)
     return 0;
 }
 
+/* Is local op v not in S and all its predecessors in S? */
+static int seg_ready(const seg_ws *w, const uint64_t *S, int32_t v, int32_t W)
+{
+    int32_t q;
+    if (S[v >> 6] >> (v & 63) & 1)
+        return 0;
+    for (q = 0; q < W; q++)
+        if (w->pmask[(size_t)v * W + (size_t)q] & ~S[q])
+            return 0;
+    return 1;
+}
+
+/* Live bytes after local op v ran, T = S + v, cost = live(S) + alloc(v). */
+static int64_t seg_live_after(const seg_ws *w, const uint64_t *T, int32_t v, int32_t W, int64_t cost)
+{
+    int64_t live2 = cost;
+    int32_t q;
+    for (q = w->tptr[v]; q < w->tptr[v + 1]; q++) {
+        int32_t ls = w->tidx[q], al = w->lsalloc[ls], z;
+        const uint64_t *rd;
+        int freed = 1;
+        if (w->lsnever[ls])
+            continue;
+        if (al >= 0 && !(T[al >> 6] >> (al & 63) & 1))
+            continue;
+        rd = w->lsrd + (size_t)ls * W;
+        for (z = 0; z < W; z++)
+            if (rd[z] & ~T[z]) {
+                freed = 0;
+                break;
+            }
+        if (freed)
+            live2 -= w->lsb[ls];
+    }
+    return live2;
+}
+
 /* NOTE [piece DP]
  * Bottleneck shortest path over downward-closed sets S of the segment's ops:
  * the edge S -> S + v costs live(S) + alloc(v) (v's unfused `during`), a
@@ -859,7 +896,21 @@ static int64_t h_of(const seg_ws *w, const uint64_t *S, int32_t k)
  * strictly better than the current one are wanted, and when none is found
  * the current one is proven optimal.  States are memoized in an open
  * addressing table keyed by a 64-bit hash of the bitset (full compare on a
- * hit).  `states` counts the states created (the empty set included). */
+ * hit).  `states` counts the states created (the empty set included).
+ * Free moves: when a ready op v costs live(S) + alloc(v) <= max(g(S), F)
+ * and does not raise the live bytes (live(S + v) <= live(S)), S is expanded
+ * by v alone.  Exchange argument: take any completion from S that runs v
+ * later and move v to the front.  For every set S' >= S without v,
+ * live(S' + v) - live(S') <= live(S + v) - live(S) <= 0 (the storages v
+ * allocates are read only by its descendants, none in S', or are outputs,
+ * so they count the same; a storage v reads is freed by v at S' whenever it
+ * is at S), so every step up to v's old position gets no dearer, later
+ * steps see the same sets, and v's own step costs at most max(g(S), F),
+ * which the path pays anyway.  So some best completion from S starts with
+ * v, and states are closed with their optimal g (A*, consistent f).  In the
+ * sink-heavy blocks of a backward pass (NOTE [sinks]) this removes the
+ * factor 2 per pending weight gradient, and the same for adds that free
+ * their inputs. */
 static int seg_solve(plan_st *P, seg_job *J)
 {
     mf_ctx *ctx = P->ctx;
@@ -908,7 +959,7 @@ static int seg_solve(plan_st *P, seg_job *J)
             goto out;
     }
     while (hn > 0) {
-        int32_t s, v;
+        int32_t s, v, forced;
         const uint64_t *S;
         e = heap_pop(w, &hn);
         s = e.idx;
@@ -920,22 +971,29 @@ static int seg_solve(plan_st *P, seg_job *J)
             goal = s;
             break;
         }
-        for (v = 0; v < k; v++) {
+        /* NOTE [piece DP] free moves: look for one first */
+        forced = -1;
+        {
+            int64_t lim = w->g[s] > J->F ? w->g[s] : J->F;
+            S = w->bits + (size_t)s * W;
+            for (v = 0; v < k && forced < 0; v++) {
+                int64_t cost = w->live[s] + w->ab[v];
+                if (cost > lim || !seg_ready(w, S, v, W))
+                    continue;
+                memcpy(w->tbits, S, sizeof(uint64_t) * (size_t)W);
+                w->tbits[v >> 6] |= (uint64_t)1 << (v & 63);
+                if (seg_live_after(w, w->tbits, v, W, cost) <= w->live[s])
+                    forced = v;
+            }
+        }
+        for (v = forced >= 0 ? forced : 0; v < (forced >= 0 ? forced + 1 : k); v++) {
             uint64_t *T = w->tbits;
             int64_t cost, g2, live2, f2;
             uint64_t hv;
             size_t h;
-            int32_t q, t;
-            int ready = 1;
+            int32_t t;
             S = w->bits + (size_t)s * W; /* re-read: the state array may move */
-            if (S[v >> 6] >> (v & 63) & 1)
-                continue;
-            for (q = 0; q < W; q++)
-                if (w->pmask[(size_t)v * W + (size_t)q] & ~S[q]) {
-                    ready = 0;
-                    break;
-                }
-            if (!ready)
+            if (!seg_ready(w, S, v, W))
                 continue;
             cost = w->live[s] + w->ab[v];
             if (cost >= J->U)
@@ -943,24 +1001,7 @@ static int seg_solve(plan_st *P, seg_job *J)
             g2 = w->g[s] > cost ? w->g[s] : cost;
             memcpy(T, S, sizeof(uint64_t) * (size_t)W);
             T[v >> 6] |= (uint64_t)1 << (v & 63);
-            live2 = cost;
-            for (q = w->tptr[v]; q < w->tptr[v + 1]; q++) {
-                int32_t ls = w->tidx[q], al = w->lsalloc[ls], z;
-                const uint64_t *rd;
-                int freed = 1;
-                if (w->lsnever[ls])
-                    continue;
-                if (al >= 0 && !(T[al >> 6] >> (al & 63) & 1))
-                    continue;
-                rd = w->lsrd + (size_t)ls * W;
-                for (z = 0; z < W; z++)
-                    if (rd[z] & ~T[z]) {
-                        freed = 0;
-                        break;
-                    }
-                if (freed)
-                    live2 -= w->lsb[ls];
-            }
+            live2 = seg_live_after(w, T, v, W, cost);
             f2 = h_of(w, T, k);
             if (f2 < g2)
                 f2 = g2;

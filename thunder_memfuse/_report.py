@@ -53,17 +53,24 @@ def _largest_live_at_peak(info, step_bytes, top=5):
     for gi, grp in enumerate(plan["groups"]):
         for k in grp:
             pos[k] = gi
-    first, last = {}, {}
+    first, last, readers_out = {}, {}, {}
     for k, (ins, outs) in enumerate(g["ops"]):
         for v in outs:
             first.setdefault(root(v), pos[k])
+    for k, (ins, outs) in enumerate(g["ops"]):
         for v in ins:
             r = root(v)
             last[r] = max(last.get(r, -1), pos[k])
+            if r in first and pos[k] != first[r]:
+                readers_out[r] = True
     inputs, outputs = set(g["graph_inputs"]), {root(v) for v in g["graph_outputs"]}
+    sizes = [len(grp) for grp in plan["groups"]]
     live = []
     for r, start in first.items():
         if r in inputs or g["value_bytes"][r] == 0:
+            continue
+        # a value made and used only inside one fused group is never materialized
+        if sizes[start] > 1 and r not in outputs and not readers_out.get(r):
             continue
         end = len(step_bytes) if r in outputs else last.get(r, start)
         if start <= peak_step <= end:
@@ -135,7 +142,7 @@ def plot_timeline(jfn, path: str) -> str:
         ax.set_title(f"{kind}: memory while each op runs")
         ax.set_xlabel("op in schedule")
         ax.set_ylabel("MiB above inputs")
-        ax.legend(loc="upper right")
+        ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
