@@ -26,51 +26,9 @@ import traceback
 MIB = 1024 * 1024
 
 
-def memory_peak_efficient_func(t0s, a):
-    import torch
-
-    for t0 in t0s:
-        t1 = torch.nn.functional.relu(t0)
-        del t0
-        t2 = torch.matmul(t1, t1)
-        del t1
-        t3 = torch.nn.functional.relu(t2)
-        del t2
-        a = torch.matmul(t3, a)
-        del t3
-    return a
-
-
-def memory_peak_inefficient_func(t0s, a):
-    import torch
-
-    t1s = []
-    for t0 in t0s:
-        t1 = torch.nn.functional.relu(t0)
-        del t0
-        t1s.append(t1)
-    del t0s
-    t2s = []
-    while t1s:
-        t1 = t1s.pop()
-        t2 = torch.matmul(t1, t1)
-        del t1
-        t2s.append(t2)
-    del t1s
-    t3s = []
-    while t2s:
-        t2 = t2s.pop()
-        t3 = torch.nn.functional.relu(t2)
-        del t2
-        t3s.append(t3)
-    del t2s
-    while t3s:
-        t3 = t3s.pop()
-        a = torch.matmul(t3, a)
-        del t3
-    del t3s
-    return a
-
+# the seed functions themselves live in one place: thunder_memfuse/seed.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func  # noqa: E402
 
 FUNCS = {"efficient": memory_peak_efficient_func, "inefficient": memory_peak_inefficient_func}
 

@@ -4,7 +4,6 @@ import warnings
 import pytest
 import torch
 import thunder
-from torch.utils.checkpoint import checkpoint
 
 import thunder_memfuse as tm
 from thunder_memfuse import MemFuse, memfuse
@@ -12,13 +11,13 @@ from thunder_memfuse.baseline import ElementwiseFusion
 from thunder_memfuse.measure import cpu_peak_bytes, trace_peak_bytes
 from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func
 
+from models import checkpointed, grads_of, seed_inputs
+
 MIB = 1 << 20
 TENSOR = 256 * 256 * 4
 
 
-def _seed_inputs(n=10, size=256):
-    torch.manual_seed(0)
-    return [torch.randn(size, size) for _ in range(n)], torch.randn(size, size)
+_seed_inputs = seed_inputs
 
 
 def _memfuse_trace(jf):
@@ -59,28 +58,13 @@ def test_dataflow_baseline_reproduces_the_problem():
     assert ours < base_peak
 
 
-def _blk(x, w):
-    return torch.nn.functional.gelu(x @ w).sin().cos()
-
-
-def _ckpt(x, w):
-    return checkpoint(_blk, x, w, use_reentrant=False).sum()
-
-
 def test_checkpointed_backward_matches_and_is_planned():
     torch.manual_seed(0)
     x = torch.randn(32, 32, requires_grad=True)
     w = torch.randn(32, 32, requires_grad=True)
-    jf = thunder.jit(_ckpt, transforms=[MemFuse()])
-    y = jf(x, w)
-    y.backward()
-    gx, gw = x.grad.clone(), w.grad.clone()
-    x.grad = w.grad = None
-    y_ref = _ckpt(x, w)
-    y_ref.backward()
-    torch.testing.assert_close(y, y_ref)
-    torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-5)
+    jf = thunder.jit(checkpointed, transforms=[MemFuse()])
+    for got, want in zip(grads_of(jf, x, w), grads_of(checkpointed, x, w)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     bw = thunder.last_backward_traces(jf)[-1]
     info = bw._memfuse_info
     assert info["trace"] == "backward"
