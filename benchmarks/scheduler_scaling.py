@@ -104,8 +104,10 @@ def main(argv=None):
     for eff in (True, False):
         spec, _ = seed_graph_spec(eff)
         bench(f"seed ({'efficient' if eff else 'inefficient'} order)", spec, max(args.repeat, 5))
-    for n in args.sizes:
-        bench(f"transformer-backward-like {n // 1000}k", transformer_backward_graph(n), args.repeat)
+    for paths in ((2, 4), (4, 8)):
+        for n in args.sizes:
+            bench(f"transformer-backward-like {n // 1000}k, {paths[0]}-{paths[1]} paths/block",
+                  transformer_backward_graph(n, paths=paths), args.repeat)
 
 
 if __name__ == "__main__":

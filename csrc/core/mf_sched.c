@@ -7,7 +7,8 @@
  *  3. heuristics scored by the tracker: input order, two least-peak-first
  *     list schedulers, a depth-first "finish what you started" order; the
  *     best is U.  U == LB proves it optimal ("lower-bound");
- *  4. split into pieces at forced cut points (NOTE [cut points]) and take,
+ *  4. split into pieces at forced cut points (NOTE [cut points]; sinks such
+ *     as weight gradients join a piece, NOTE [sinks]) and take,
  *     per piece, the best normalized restriction of every heuristic order
  *     (NOTE [normalized candidates]);
  *  5. exact bottleneck DP over downward-closed sets, per piece, pieces with
