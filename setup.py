@@ -30,7 +30,7 @@ class build_py_with_pth(build_py):
 
     NOTE [compat .pth]: the .pth imports the tiny _thunder_memfuse_boot module,
     which only registers an import hook; the hook applies
-    thunder_memfuse._compat when `thunder` is first imported.  No torch import
+    the shims when `thunder` is first imported.  No torch import
     happens at interpreter start.
     """
 
