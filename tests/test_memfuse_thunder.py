@@ -256,3 +256,35 @@ def test_regions_of_another_fusion_pass_are_kept_whole():
     info = tm.report(jf)["forward"]
     assert info["regions_before"] == len(theirs) == info["regions_after"]
     assert info["peak_after_bytes"] <= info["peak_before_bytes"]
+
+
+def test_gemm_regions_map_arguments_and_fall_back(monkeypatch):
+    """NOTE [gemm regions]: the cuBLAS path gets matmul/linear arguments in the bound
+    symbol's order whatever the region's input order; CPU tensors use the fallback."""
+    from thunder_memfuse import executor, kernels
+
+    def f(w, x, b):
+        return torch.nn.functional.linear(x, w, b), torch.matmul(x, w.t())
+
+    w, x, b = torch.randn(3, 4), torch.randn(2, 4), torch.randn(3)
+    jf = thunder.jit(f)
+    jf(w, x, b)
+    trace = thunder.last_traces(jf)[-1]
+    lin = next(bs for bs in trace.bound_symbols if bs.sym.name == "linear")
+    assert not executor.is_cuda_gemm(lin)  # CPU proxies: stays a torch call
+    inputs = sorted(lin.flat_proxy_args, key=lambda p: p.name, reverse=True)
+    calls = []
+    monkeypatch.setattr(kernels, "cuda_linear", lambda *a: calls.append(a) or torch.nn.functional.linear(*a))
+    run = executor._gemm_builder(lin, inputs)()
+    args = [{"w": w, "x": x, "b": b}[_arg_name(lin, p)] for p in inputs]
+    (out,) = run(*args)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b))
+    assert calls and calls[0][0] is x and calls[0][1] is w and calls[0][2] is b
+    region = executor.make_region_callable("MemFuseTest", [lin], inputs, list(lin.flat_proxy_outs))
+    torch.testing.assert_close(region(*args)[0], out)  # CPU tensors: the fallback
+
+
+def _arg_name(bsym, proxy):
+    # linear(x, w, b): map the proxy back to the Python argument it traced
+    pos = [a.name for a in bsym.args].index(proxy.name)
+    return ["x", "w", "b"][pos]

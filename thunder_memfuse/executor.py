@@ -34,10 +34,59 @@ def _fallback_callable(name, bsyms, inputs, outputs):
     return trace.python_callable()
 
 
+# NOTE [gemm regions]: on CUDA traces a lone matmul or linear becomes a one-op
+# region too, so that it runs through our cuBLAS path (kernels.cuda_matmul /
+# cuda_linear) on PyTorch's current stream, with its output from PyTorch's
+# allocator.  Anything those do not cover raises NotImplementedError and the
+# region falls back to the torch call, like any other region.
+GEMM_SYMBOLS = {"matmul": "cuda_matmul", "linear": "cuda_linear"}
+
+
+def is_cuda_gemm(bsym) -> bool:
+    """A matmul/linear bound symbol whose tensor arguments are CUDA proxies."""
+    from thunder.core.proxies import TensorProxy
+
+    if bsym.sym.name not in GEMM_SYMBOLS:
+        return False
+    tensors = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+    return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
+
+
+def _gemm_builder(bsym, inputs):
+    """A builder for the cuBLAS call of one matmul/linear bound symbol."""
+    position = {p.name: i for i, p in enumerate(inputs)}
+
+    def arg(a):
+        return (lambda args: args[position[a.name]]) if hasattr(a, "name") else (lambda args: a)
+
+    getters = [arg(a) for a in bsym.args]
+
+    def build():
+        from . import kernels
+
+        fn = getattr(kernels, GEMM_SYMBOLS[bsym.sym.name])
+        if bsym.kwargs:
+            raise NotImplementedError(f"{bsym.sym.name} with keyword arguments")
+
+        def call(*args):
+            return [fn(*(g(args) for g in getters))]
+
+        return call
+
+    return build
+
+
 def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
     fallback = _fallback_callable(name, bsyms, inputs, outputs)
     if backend == "cpu":
         return fallback
+    if len(bsyms) == 1 and bsyms[0].sym.name in GEMM_SYMBOLS:
+        build = _gemm_builder(bsyms[0], inputs)
+    else:
+        def build():
+            from .kernels import build_cuda_region
+
+            return build_cuda_region(bsyms, inputs, outputs)
 
     state = {"kernel": None, "failed": False}
 
@@ -46,15 +95,18 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
             kernel = state["kernel"]
             if kernel is None:
                 try:
-                    from .kernels import build_cuda_region
-
-                    kernel = state["kernel"] = build_cuda_region(bsyms, inputs, outputs)
+                    kernel = state["kernel"] = build()
                 except Exception as e:  # unsupported or failed to compile: fall back, once
                     state["failed"] = True
                     if backend == "cuda":
                         warnings.warn(f"memfuse: region {name} runs on the fallback path: {e}", RuntimeWarning)
                     return fallback(*args)
-            return kernel(*args)
+            try:
+                return kernel(*args)
+            except NotImplementedError as e:  # a case the kernel does not cover (shape, dtype)
+                if backend == "cuda":
+                    warnings.warn(f"memfuse: region {name} runs on the fallback path: {e}", RuntimeWarning)
+                return fallback(*args)
         return fallback(*args)
 
     run.__name__ = name

@@ -25,7 +25,7 @@ from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
 from . import _thunder
-from .executor import make_region_callable
+from .executor import is_cuda_gemm, make_region_callable
 
 _BACKENDS = ("auto", "cuda", "cpu")
 _fusion_ids = itertools.count()
@@ -93,7 +93,8 @@ class MemFuse(Transform):
 
         groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]
         new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, executor=self,
-                                             is_backward=is_backward)
+                                             is_backward=is_backward,
+                                             region_of_one=None if self.backend == "cpu" else is_cuda_gemm)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
         new_trace.set_provenance(
             TraceProvenance(
@@ -116,18 +117,20 @@ class MemFuse(Transform):
         return new_trace
 
 
-def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix="MemFuse"):
+def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix="MemFuse", region_of_one=None):
     """A new trace whose bound symbols are `groups` in order: a group of one stays
-    as it is, a larger group becomes one fusion bound symbol (inputs and outputs
-    from Thunder's Region); dels and collection clears are placed by Thunder's
-    del_last_used.  Returns (trace, number of fusion regions made)."""
+    as it is (unless region_of_one(bsym) says it runs as a region of its own,
+    executor.py NOTE [gemm regions]), a larger group becomes one fusion bound
+    symbol (inputs and outputs from Thunder's Region); dels and collection
+    clears are placed by Thunder's del_last_used.  Returns (trace, number of
+    fusion regions made)."""
     stripped = from_trace(trace)
     stripped.bound_symbols = [b for g in groups for b in g]
     producers, consumers = tutils.producers_and_consumers(stripped)
     new_bsyms = []
     n_regions = 0
     for group in groups:
-        if len(group) == 1:
+        if len(group) == 1 and not (region_of_one and region_of_one(group[0])):
             new_bsyms.append(group[0])
             continue
         region = Region(producers, consumers, list(group))
