@@ -62,7 +62,7 @@ def test_checkpointed_backward_matches_and_is_planned():
     torch.manual_seed(0)
     x = torch.randn(32, 32, requires_grad=True)
     w = torch.randn(32, 32, requires_grad=True)
-    jf = thunder.jit(checkpointed, transforms=[MemFuse()])
+    jf = thunder.jit(checkpointed, transforms=[MemFuse(fuse=True)])
     for got, want in zip(grads_of(jf, x, w), grads_of(checkpointed, x, w)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     bw = thunder.last_backward_traces(jf)[-1]
@@ -76,7 +76,7 @@ def test_module_training_step():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
     ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
     ref.load_state_dict(model.state_dict())
-    jm = thunder.jit(model, transforms=[MemFuse()])
+    jm = thunder.jit(model, transforms=[MemFuse(fuse=True)])
     x = torch.randn(4, 16)
     out = jm(x)
     out.sum().backward()
@@ -96,9 +96,23 @@ def test_fusion_regions_run_on_cpu_fallback_bitwise():
     torch.manual_seed(0)
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     plain = thunder.jit(_elementwise_chain)
-    fused = thunder.jit(_elementwise_chain, transforms=[MemFuse()])
+    fused = thunder.jit(_elementwise_chain, transforms=[MemFuse(fuse=True)])
     for a, b in zip(plain(x, y), fused(x, y)):
         assert torch.equal(a, b)
+    assert tm.report(fused)["forward"]["regions_after"] >= 1
+
+
+def test_no_regions_on_cpu_by_default():
+    """NOTE [fusion on CPU]: regions only where kernels run them; on CPU memfuse reorders."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    jf = thunder.jit(_elementwise_chain, transforms=[MemFuse()])
+    jf(x, y)
+    rep = tm.report(jf)["forward"]
+    assert rep["regions_after"] == 0
+    assert rep["peak_after_bytes"] == rep["unfused_peak_bytes"] <= rep["peak_before_bytes"]
+    with pytest.raises(ValueError, match="fuse"):
+        MemFuse(fuse="sometimes")
 
 
 def test_memfuse_instance_is_reusable_across_jits():
@@ -116,7 +130,7 @@ def _run_both(fn, *args, **jit_kw):
     plain = thunder.jit(fn, **jit_kw)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        ours = thunder.jit(fn, transforms=[MemFuse()], **jit_kw)
+        ours = thunder.jit(fn, transforms=[MemFuse(fuse=True)], **jit_kw)
         got = ours(*args)
     return plain(*args), got, [w for w in rec if issubclass(w.category, RuntimeWarning)], ours
 
@@ -150,7 +164,7 @@ def test_inplace_copy_keeps_write_order():
     b1, b2 = torch.randn(8), None
     b2 = b1.clone()
     ref = thunder.jit(f)(x, b1)
-    got = thunder.jit(f, transforms=[MemFuse()])(x, b2)
+    got = thunder.jit(f, transforms=[MemFuse(fuse=True)])(x, b2)
     torch.testing.assert_close(ref, got)
     torch.testing.assert_close(b1, b2)
 
@@ -165,7 +179,7 @@ def test_dropout_random_order_kept():
     torch.manual_seed(123)
     ref = thunder.jit(f)(x)
     torch.manual_seed(123)
-    got = thunder.jit(f, transforms=[MemFuse()])(x)
+    got = thunder.jit(f, transforms=[MemFuse(fuse=True)])(x)
     torch.testing.assert_close(ref, got)
 
 
@@ -201,7 +215,7 @@ def test_symbolic_values_never_fatal():
     assert any("unknown shape" in str(w.message) for w in warns)
     x2 = torch.randn(5, 4)
     torch.testing.assert_close(thunder.jit(f, cache="symbolic values")(x2),
-                               thunder.jit(f, transforms=[MemFuse()], cache="symbolic values")(x2))
+                               thunder.jit(f, transforms=[MemFuse(fuse=True)], cache="symbolic values")(x2))
 
 
 class _Boom(Exception):

@@ -44,7 +44,10 @@ class MemFuse(Transform):
         backend: "auto" (CUDA kernels for CUDA tensors, the CPU fallback otherwise),
             "cuda" (CUDA kernels; the fallback only where a kernel cannot be built),
             or "cpu" (always the fallback).
-        fuse: form fusion regions (False: only reorder).
+        fuse: "auto" (default): form fusion regions where they run as real kernels,
+            that is on traces with CUDA tensors and a backend other than "cpu"; only
+            reorder elsewhere (NOTE [fusion on CPU]).  True: always form regions
+            (on CPU they run through the fallback).  False: only reorder.
 
     The instance holds only these options; everything it learns about a
     compilation is stored on the traces it returns (see report()), so one
@@ -52,7 +55,7 @@ class MemFuse(Transform):
     """
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
-                 fuse: bool = True):
+                 fuse: bool | str = "auto"):
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
@@ -61,7 +64,9 @@ class MemFuse(Transform):
         self.max_states = max_states
         self.strict = bool(strict)
         self.backend = backend
-        self.fuse = bool(fuse)
+        if fuse not in (True, False, "auto"):
+            raise ValueError(f"MemFuse: fuse must be True, False or 'auto', got {fuse!r}")
+        self.fuse = fuse
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, backend={self.backend!r}, "
@@ -82,11 +87,22 @@ class MemFuse(Transform):
             return computation_trace
 
     # -------------------------------------------------------------------------------
+    def _fuses(self, bsyms) -> bool:
+        """NOTE [fusion on CPU]: the cost model says a region's inner values are
+        never materialized, which holds for a generated kernel.  The CPU
+        fallback runs the region's torch ops one by one, so its inner values do
+        exist for a moment, while the region's inputs are held to its end: on
+        CPU a region can only cost memory (and saves no time).  So by default
+        regions are formed only where kernels run them."""
+        if self.fuse != "auto":
+            return bool(self.fuse)
+        return self.backend != "cpu" and _has_cuda_tensors(bsyms)
+
     def _transform(self, trace):
         start = time.perf_counter_ns()
         is_backward = TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
         bsyms = list(trace.bound_symbols)
-        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self.fuse)
+        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms))
         plan = res["plan"]
         if plan["unfused_peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")
@@ -145,6 +161,16 @@ def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix=
     new_trace = from_trace(trace)
     new_trace.bound_symbols = new_bsyms
     return del_last_used(new_trace, clear_mutable_collections=is_backward), n_regions
+
+
+def _has_cuda_tensors(bsyms) -> bool:
+    from thunder.core.proxies import TensorProxy
+
+    for b in bsyms:
+        for p in b.flat_proxy_outs:
+            if isinstance(p, TensorProxy):
+                return p.device.type == "cuda"
+    return False
 
 
 def _outputs_meta(outputs):
