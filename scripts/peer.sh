@@ -3,7 +3,7 @@
 # CPU, once without memfuse (baseline, MEMFUSE_PEER=0) and once with a fresh
 # thunder_memfuse.MemFuse() appended to every thunder.jit call (MEMFUSE_PEER=1),
 # through the pytest plugin tests/peer/plugin.py.  Prints pass/fail/skip counts
-# of both runs and every test whose outcome differs.  Takes ~25 minutes on 2 cores.
+# of both runs and every test whose outcome differs.  Takes ~13 minutes on 2 cores.
 #
 #   bash scripts/peer.sh                 # both runs + comparison
 #   PEER_MODES=memfuse bash scripts/peer.sh   # one run only (baseline|memfuse)

@@ -12,7 +12,6 @@ with MemFuse(strict=True).
 """
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
 
@@ -28,7 +27,6 @@ from . import _thunder
 from .executor import is_cuda_gemm, make_region_callable
 
 _BACKENDS = ("auto", "cuda", "cpu")
-_fusion_ids = itertools.count()
 
 
 class MemFuseError(RuntimeError):
@@ -108,6 +106,7 @@ class MemFuse(Transform):
             raise MemFuseError("internal: planned order is worse than the input order")
 
         groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]
+        groups = _with_comments(bsyms, groups)
         new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, executor=self,
                                              is_backward=is_backward,
                                              region_of_one=None if self.backend == "cpu" else is_cuda_gemm)
@@ -144,7 +143,7 @@ def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix=
     stripped.bound_symbols = [b for g in groups for b in g]
     producers, consumers = tutils.producers_and_consumers(stripped)
     new_bsyms = []
-    n_regions = 0
+    n_regions = 0  # also numbers the regions: names are per trace, like Thunder's own fusion passes
     for group in groups:
         if len(group) == 1 and not (region_of_one and region_of_one(group[0])):
             new_bsyms.append(group[0])
@@ -152,7 +151,7 @@ def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix=
         region = Region(producers, consumers, list(group))
         inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
-        name = f"{name_prefix}{next(_fusion_ids)}"
+        name = f"{name_prefix}{n_regions}"
         fn = make_region_callable(name, list(group), inputs, outputs, backend=backend)
         # the meta lets Thunder re-run the symbol on proxies (check_traces)
         sym = Symbol(name, meta=_outputs_meta(tuple(outputs)), is_fusion=True, executor=executor)
@@ -161,6 +160,30 @@ def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix=
     new_trace = from_trace(trace)
     new_trace.bound_symbols = new_bsyms
     return del_last_used(new_trace, clear_mutable_collections=is_backward), n_regions
+
+
+def _with_comments(bsyms, groups):
+    """Put back the comments (dropped by the reader) that other transforms left:
+    each one goes just before the step holding the bound symbol that followed it."""
+    from thunder.core.prims import PrimIDs
+
+    before, pending = {}, []
+    for b in bsyms:
+        if b.sym.id == PrimIDs.COMMENT:
+            pending.append(b)
+        elif pending and b.sym.id not in _thunder.DROP_IDS:
+            before[id(b)] = pending
+            pending = []
+    if not before and not pending:
+        return groups
+    out = []
+    for g in groups:
+        for b in g:
+            out.extend([c] for c in before.get(id(b), ()))
+        out.append(g)
+    if pending:  # trailing comments: before the return, which stays last
+        out[len(out) - 1:len(out) - 1] = [[c] for c in pending]
+    return out
 
 
 def _has_cuda_tensors(bsyms) -> bool:

@@ -11,7 +11,7 @@ thunder/tests/test_jit_general.py does) get the wrapped one.
 Environment:
   MEMFUSE_PEER=0         baseline: thunder.jit is still wrapped (to count calls)
                          but nothing is appended; thunder_memfuse is never imported.
-  MEMFUSE_PEER=1         (default) append a fresh thunder_memfuse.MemFuse() to
+  MEMFUSE_PEER=1         (default) append a fresh thunder_memfuse.MemFuse(fuse=True) to
                          ``transforms=`` of every call (a new list; the caller's
                          list/tuple is not mutated).
   MEMFUSE_PEER_STRICT=1  use MemFuse(strict=True): a pass failure raises instead
@@ -163,7 +163,9 @@ def _peer_jit(fn, /, *args, **kwargs):
         cls = _memfuse_cls()
         transforms = kwargs.get("transforms")
         transforms = [] if transforms is None else list(transforms)
-        transforms.append(cls(strict=True) if STRICT else cls())
+        # fuse=True: form regions on CPU too, so the peer suite exercises them
+        # (the default, fuse="auto", only reorders CPU traces)
+        transforms.append(cls(strict=STRICT, fuse=True))
         kwargs["transforms"] = transforms
         _stats["jit_wrapped"] += 1
     return _ORIG_JIT(fn, *args, **kwargs)
@@ -207,6 +209,9 @@ def pytest_configure(config):
 
 def pytest_runtest_logstart(nodeid, location):
     _current_test["nodeid"] = nodeid
+    # pytest reports a test's warnings (pytest_warning_recorded) after its logfinish:
+    # forget the previous test's re-emitted warnings only now.
+    _reemitted.clear()
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
@@ -218,10 +223,6 @@ def pytest_warning_recorded(warning_message, when, nodeid, location):
         _current_test["nodeid"] = nodeid or saved
         _tally_warning(str(warning_message.message))
         _current_test["nodeid"] = saved
-
-
-def pytest_runtest_logfinish(nodeid, location):
-    _reemitted.clear()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
