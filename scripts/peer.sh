@@ -32,6 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PEER_PYTHON:-.venv/bin/python}
+[ -z "${PEER_PYTHON:-}" ] && bash scripts/setup.sh  # the default interpreter: set up .venv first
 OUT=${PEER_OUT:-out/peer}
 TIMEOUT=${PEER_TIMEOUT:-300}
 MODES=${PEER_MODES:-baseline memfuse}
