@@ -30,9 +30,12 @@
  *    and before every later reader of it (write-after-read, read-after-write).
  *
  * NOTE [sizes]  bytes = ceil(numel * dtype.bytes) for tensor proxies (dtype
- * bytes may be fractional, e.g. fp4), 0 for other proxies.  A dimension that
- * is not a plain int (symbolic values) raises ValueError("unknown shape"):
- * the Python layer then returns the trace unchanged with a warning.
+ * bytes may be fractional, e.g. fp4), 0 for other proxies.  A symbolic
+ * dimension (cache="symbolic values": an IntegerProxy) counts with the value
+ * it had when the trace was made: the order is valid for every size (validity
+ * never depends on sizes) and planned for the traced one.  A dimension with no
+ * int value raises ValueError("unknown shape"): the Python layer then returns
+ * the trace unchanged with a warning.
  *
  * NOTE [views]  A tensor output of an op whose symbol name is in view_names
  * is an alias of the op's first tensor argument: it shares that storage.
@@ -140,14 +143,23 @@ static int proxy_bytes(const cfg_t *c, PyObject *p, PyObject *name, int64_t *out
     if (!(seq = PySequence_Fast(shape, "TensorProxy.shape must be a sequence")))
         goto done;
     for (i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        PyObject *d = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *d = PySequence_Fast_GET_ITEM(seq, i), *val = NULL;
         long long v;
         if (!PyLong_CheckExact(d)) {
-            PyErr_Format(PyExc_ValueError, "unknown shape: dimension %zd of %S is %.60s, not an int", i, name,
-                         Py_TYPE(d)->tp_name);
-            goto done;
+            /* a symbolic dimension (IntegerProxy): plan for the value it had when
+             * traced (NOTE [sizes]); without one the size is unknown */
+            val = PyObject_GetAttrString(d, "value");
+            if (!val || !PyLong_CheckExact(val)) {
+                Py_XDECREF(val);
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "unknown shape: dimension %zd of %S is %.60s without an int value",
+                             i, name, Py_TYPE(d)->tp_name);
+                goto done;
+            }
+            d = val;
         }
         v = PyLong_AsLongLong(d);
+        Py_XDECREF(val);
         if (v == -1 && PyErr_Occurred())
             goto done;
         if (v < 0) {
