@@ -76,6 +76,12 @@ def _gemm_builder(bsym, inputs):
     return build
 
 
+def _all_cuda(args) -> bool:
+    """Kernels take CUDA tensors only: a region with any CPU tensor uses the fallback."""
+    tensors = [a for a in args if hasattr(a, "is_cuda")]
+    return bool(tensors) and all(t.is_cuda for t in tensors)
+
+
 def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
     fallback = _fallback_callable(name, bsyms, inputs, outputs)
     if backend == "cpu":
@@ -91,7 +97,7 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
     state = {"kernel": None, "failed": False}
 
     def run(*args):
-        if not state["failed"] and any(getattr(a, "is_cuda", False) for a in args):
+        if not state["failed"] and _all_cuda(args):
             kernel = state["kernel"]
             if kernel is None:
                 try:

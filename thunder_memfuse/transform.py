@@ -189,11 +189,7 @@ def _with_comments(bsyms, groups):
 def _has_cuda_tensors(bsyms) -> bool:
     from thunder.core.proxies import TensorProxy
 
-    for b in bsyms:
-        for p in b.flat_proxy_outs:
-            if isinstance(p, TensorProxy):
-                return p.device.type == "cuda"
-    return False
+    return any(isinstance(p, TensorProxy) and p.device.type == "cuda" for b in bsyms for p in b.flat_proxy_outs)
 
 
 def _outputs_meta(outputs):
