@@ -303,3 +303,36 @@ def _arg_name(bsym, proxy):
     # linear(x, w, b): map the proxy back to the Python argument it traced
     pos = [a.name for a in bsym.args].index(proxy.name)
     return ["x", "w", "b"][pos]
+
+
+def test_backward_frees_saved_activations_not_parameters():
+    """trace.c NOTE [freeable saved tensors]: the backward's saved activations are
+    counted from its start and freed after their last use; parameters are inputs."""
+    from thunder_memfuse import _thunder
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64), torch.nn.Tanh())
+    jm = thunder.jit(model, transforms=[MemFuse()])
+    x = torch.randn(32, 64)
+    jm(x).sum().backward()
+    fwd = next(t for t in thunder.last_traces(jm) if _is_augmented(t))
+    saved = _thunder.saved_activations(fwd)
+    params = {p.name for b in fwd.bound_symbols if b.sym.id in _thunder.PROLOGUE_IDS for p in b.flat_proxy_outs}
+    assert saved and not (saved & params)
+    info = thunder.last_backward_traces(jm)[-1]._memfuse_info
+    names = info["names"]
+    produced = {v for _, outs in info["graph"]["ops"] for v in outs}
+    # every saved activation is a value the planner allocates (not a graph input) ...
+    assert {n for i, n in enumerate(names) if i in produced} >= saved
+    # ... by one op that has no bound symbol and runs first
+    first = info["graph"]["ops"][0]
+    assert {names[v] for v in first[1]} == saved and first[0] == []
+    assert info["plan"]["order"][0] == 0
+    act_bytes = sum(info["graph"]["value_bytes"][v] for v in first[1])
+    assert info["plan"]["baseline_peak_bytes"] >= act_bytes > 0
+
+
+def _is_augmented(trace):
+    from thunder.core.trace import TraceTag
+
+    return TraceTag.AUGMENTED_FORWARD in trace.tags

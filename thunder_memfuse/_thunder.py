@@ -76,8 +76,11 @@ def _fusible_predicate():
     return fusible_bsym
 
 
-def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None):
-    """Run the C trace reader and planner on a list of bound symbols."""
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None):
+    """Run the C trace reader and planner on a list of bound symbols.
+
+    freeable: names of prologue tensors the trace frees after their last use
+    (a backward's saved activations: trace.c NOTE [freeable saved tensors])."""
     return _C.plan_trace(
         bsyms,
         tensor_type=TensorProxy,
@@ -89,7 +92,36 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None):
         fusible=fusible or _fusible_predicate(),
         max_states=max_states,
         fuse=fuse,
+        freeable=frozenset(freeable or ()),
     )
+
+
+def saved_activations(forward_trace) -> frozenset:
+    """Names of the tensors an augmented forward saves for backward that are not
+    (views of) its own inputs: parameters and inputs stay alive in the caller,
+    activations die with their last use in the backward."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    producer = {}
+    for b in forward_trace.bound_symbols:
+        for o in b.flat_proxy_outs:
+            producer.setdefault(o.name, b)
+
+    def is_input(p):
+        for _ in range(10_000):  # view chains are short; the bound guards a cycle
+            b = producer.get(p.name)
+            if b is None or b.sym.id in PROLOGUE_IDS:
+                return True
+            if b.sym.name not in VIEW_NAMES:
+                return False
+            tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy)]
+            if not tensors:
+                return False
+            p = tensors[0]
+        return True
+
+    saved = get_saved_for_backward_tensors(forward_trace)
+    return frozenset(s.name for s in saved if isinstance(s, TensorProxy) and not is_input(s))
 
 
 def is_fusion_bsym(bsym) -> bool:

@@ -47,9 +47,11 @@ class MemFuse(Transform):
             reorder elsewhere (NOTE [fusion on CPU]).  True: always form regions
             (on CPU they run through the fallback).  False: only reorder.
 
-    The instance holds only these options; everything it learns about a
-    compilation is stored on the traces it returns (see report()), so one
-    instance can serve many thunder.jit calls.
+    The instance holds these options and, between an augmented forward and the
+    backward Thunder hands over right after it, the names of the forward's
+    saved activations; everything else it learns about a compilation is stored
+    on the traces it returns (see report()), so one instance can serve many
+    thunder.jit calls.
     """
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
@@ -100,7 +102,16 @@ class MemFuse(Transform):
         start = time.perf_counter_ns()
         is_backward = TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
         bsyms = list(trace.bound_symbols)
-        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms))
+        freeable = None
+        if TraceTag.AUGMENTED_FORWARD in trace.tags:
+            # remembered for the backward, which Thunder hands over right after
+            try:
+                self._saved_activations = _thunder.saved_activations(trace)
+            except Exception:  # then the backward treats every saved tensor as an input
+                self._saved_activations = None
+        elif is_backward:
+            freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
+        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable)
         plan = res["plan"]
         if plan["unfused_peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")

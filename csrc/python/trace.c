@@ -37,6 +37,14 @@
  * int value raises ValueError("unknown shape"): the Python layer then returns
  * the trace unchanged with a warning.
  *
+ * NOTE [freeable saved tensors]  In a backward trace, the saved activations
+ * (unpacked from saved_for_backward) are freed by Thunder as soon as their
+ * last use has run (torch_autograd.py clears ctx's references), unlike real
+ * graph inputs.  Names passed in `freeable` become values allocated by a
+ * virtual op 0 (no bound symbol; ordering edges put it before every op), so
+ * the planner is rewarded for finishing with a saved tensor early.  Its group
+ * is dropped from the result.
+ *
  * NOTE [views]  A tensor output of an op whose symbol name is in view_names
  * is an alias of the op's first tensor argument: it shares that storage.
  */
@@ -464,8 +472,11 @@ done:
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
-                             "effects",    "fusible",     "max_states", "fuse",         NULL};
+                             "effects",    "fusible",     "max_states", "fuse",         "freeable",
+                             NULL};
     cfg_t c;
+    PyObject *freeable = NULL;
+    int virtual_open = 0;
     PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
     PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, seen_op = 0;
@@ -475,9 +486,9 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     (void)self;
 
     memset(&w, 0, sizeof w);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOp:plan_trace", kwlist, &bsyms, &c.tensor_type,
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpO:plan_trace", kwlist, &bsyms, &c.tensor_type,
                                      &c.view_names, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
-                                     &c.fusible, &ms, &fuse))
+                                     &c.fusible, &ms, &fuse, &freeable))
         return NULL;
     if (!c.tensor_type || !c.view_names || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
         !c.fusible) {
@@ -535,23 +546,91 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
                 Py_XDECREF(outs);
                 goto done;
             }
-            for (k = 0; k < PySequence_Fast_GET_SIZE(os); k++)
-                if (value_of(&w, &c, PySequence_Fast_GET_ITEM(os, k), 1) < 0) {
+            for (k = 0; k < PySequence_Fast_GET_SIZE(os); k++) {
+                PyObject *p = PySequence_Fast_GET_ITEM(os, k);
+                int fr = 0;
+                if (freeable && freeable != Py_None) {
+                    PyObject *nm = PyObject_GetAttrString(p, "name");
+                    if (!nm) {
+                        fr = -1;
+                    } else {
+                        fr = contains(freeable, nm);
+                        if (fr > 0)
+                            fr = PyObject_IsInstance(p, c.tensor_type);
+                        if (fr > 0) { /* a name seen before is that value again */
+                            int known = PyDict_Contains(w.ids, nm);
+                            fr = known < 0 ? -1 : !known;
+                        }
+                        Py_DECREF(nm);
+                    }
+                }
+                if (fr < 0) {
                     Py_DECREF(outs);
                     Py_DECREF(os);
                     goto done;
                 }
+                if (fr) {
+                    /* NOTE [freeable saved tensors]: op 0, placed first by
+                     * ordering edges, allocates them; they are freed after
+                     * their last reader like any intermediate. */
+                    int32_t v;
+                    if (!virtual_open) {
+                        if (mf_gbuf_begin_op(&w.g, 0) < 0 || PyList_Append(ops_list, Py_None) < 0) {
+                            if (!PyErr_Occurred())
+                                PyErr_NoMemory();
+                            Py_DECREF(outs);
+                            Py_DECREF(os);
+                            goto done;
+                        }
+                        virtual_open = 1;
+                    }
+                    if ((v = new_value(&w, &c, p, -1)) < 0 || mf_gbuf_op_out(&w.g, v) < 0) {
+                        if (!PyErr_Occurred())
+                            PyErr_NoMemory();
+                        Py_DECREF(outs);
+                        Py_DECREF(os);
+                        goto done;
+                    }
+                } else if (value_of(&w, &c, p, 1) < 0) {
+                    Py_DECREF(outs);
+                    Py_DECREF(os);
+                    goto done;
+                }
+            }
             Py_DECREF(outs);
             Py_DECREF(os);
             continue;
         }
         Py_DECREF(sid);
+        if (virtual_open == 1) {
+            if (mf_gbuf_end_op(&w.g) < 0) {
+                Py_DECREF(sym);
+                PyErr_NoMemory();
+                goto done;
+            }
+            virtual_open = 2;
+        }
         seen_op = 1;
         if (add_op(&w, &c, b, sym, (int32_t)PyList_GET_SIZE(ops_list)) < 0 || PyList_Append(ops_list, b) < 0) {
             Py_DECREF(sym);
             goto done;
         }
         Py_DECREF(sym);
+    }
+    if (virtual_open == 1) {
+        if (mf_gbuf_end_op(&w.g) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        virtual_open = 2;
+    }
+    if (virtual_open == 2) { /* the saved tensors exist before every op runs */
+        int32_t k;
+        for (k = 1; k < w.g.n_ops; k++)
+            if (mf_gbuf_after(&w.g, 0, k) < 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
     }
     /* graph outputs: what the return reads */
     for (i = 0; i < PyList_GET_SIZE(epilogue); i++) {
@@ -602,6 +681,17 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
             PyList_SET_ITEM(bl, k, b);
         }
         PyList_SET_ITEM(groups, i, bl);
+    }
+    if (virtual_open == 2) { /* the saved-tensor op has no bound symbol: drop its group */
+        Py_ssize_t g0;
+        for (g0 = 0; g0 < PyList_GET_SIZE(groups); g0++) {
+            PyObject *bl = PyList_GET_ITEM(groups, g0);
+            if (PyList_GET_SIZE(bl) == 1 && PyList_GET_ITEM(bl, 0) == Py_None) {
+                if (PySequence_DelItem(groups, g0) < 0)
+                    goto done;
+                break;
+            }
+        }
     }
     if (!(graph = graph_dict(&w.g)))
         goto done;
