@@ -111,6 +111,8 @@ class MemFuse(Transform):
                 self._saved_activations = None
         elif is_backward:
             freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
+        else:  # an inference forward: no backward follows
+            self._saved_activations = None
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable)
         plan = res["plan"]
         if plan["unfused_peak_bytes"] > plan["baseline_peak_bytes"]:
