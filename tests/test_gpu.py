@@ -24,7 +24,6 @@ from test_codegen import (  # noqa: E402  (shared tables and reference functions
     CASES,
     DTYPES,
     EMU_OPS,
-    MATH1,
     TOL,
     _env,
     _thunder_region,

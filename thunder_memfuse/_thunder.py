@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import thunder.torch as ltorch
-from thunder.core import prims
 from thunder.core.prims import OpTags, PrimIDs
 from thunder.core.proxies import FutureTensorProxy, TensorProxy
 from thunder.core.symbol import gather_tags
@@ -124,8 +123,4 @@ def saved_activations(forward_trace) -> frozenset:
     return frozenset(s.name for s in saved if isinstance(s, TensorProxy) and not is_input(s))
 
 
-def is_fusion_bsym(bsym) -> bool:
-    return bool(getattr(bsym.sym, "is_fusion", False))
-
-
-__all__ = ["plan_trace", "effects", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS", "prims"]
+__all__ = ["plan_trace", "saved_activations", "effects", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

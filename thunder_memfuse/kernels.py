@@ -299,7 +299,7 @@ def _arg_mappings(leaf, m):
     out_shape = _shape(out)
     args = leaf.args
     if name == "BROADCAST_IN_DIM":
-        a, shape, bdims = args[0], tuple(args[1]), tuple(args[2])
+        a, bdims = args[0], tuple(args[2])
         a_shape = _shape(a)
         if len(bdims) != len(a_shape):
             raise _Unsupported("broadcast_in_dim: bad dims")
