@@ -14,7 +14,8 @@ _thunder_memfuse_boot.apply()
 
 from ._plan import Plan, plan, simulate  # noqa: E402
 
-__all__ = ["Plan", "plan", "simulate", "memfuse", "MemFuse", "report", "plot_timeline", "cuda_status"]
+__all__ = ["Plan", "plan", "simulate", "memfuse", "MemFuse", "report", "format_report", "plot_timeline",
+           "cuda_status"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -22,6 +23,7 @@ _LAZY = {
     "MemFuse": ("thunder_memfuse.transform", "MemFuse"),
     "report": ("thunder_memfuse._report", "report"),
     "plot_timeline": ("thunder_memfuse._report", "plot_timeline"),
+    "format_report": ("thunder_memfuse._report", "format_report"),
     "cuda_status": ("thunder_memfuse.kernels", "cuda_status"),
 }
 
