@@ -78,12 +78,12 @@ def transformer_backward_graph(n_ops_target: int, seed: int = 0, paths=(4, 8), p
     return dict(ops=ops, value_bytes=vb, graph_inputs=graph_inputs, graph_outputs=graph_outputs, fusible=fusible)
 
 
-def bench(name, spec, repeat):
+def bench(name, spec, repeat, max_states=None):
     times = []
     p = None
     for _ in range(repeat):
         t = time.perf_counter()
-        p = tm.plan(**spec)
+        p = tm.plan(**spec, max_states=max_states)
         times.append((time.perf_counter() - t) * 1e3)
     assert p.peak_bytes <= p.unfused_peak_bytes <= p.baseline_peak_bytes
     print(f"| {name} | {len(spec['ops'])} | {statistics.median(times):.2f} | {p.states} | "
@@ -97,6 +97,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", type=int, nargs="*", default=[1000, 10000, 100000])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--max-states", type=int, default=None, help="DP state cap (default: the core's)")
     args = ap.parse_args(argv)
     print("| graph | ops | plan ms (median) | DP states | proven optimal | method | baseline MiB | "
           "planned MiB | with fusion MiB | lower bound MiB | kernels |")
@@ -107,7 +108,7 @@ def main(argv=None):
     for paths in ((2, 4), (4, 8)):
         for n in args.sizes:
             bench(f"transformer-backward-like {n // 1000}k, {paths[0]}-{paths[1]} paths/block",
-                  transformer_backward_graph(n, paths=paths), args.repeat)
+                  transformer_backward_graph(n, paths=paths), args.repeat, args.max_states)
 
 
 if __name__ == "__main__":

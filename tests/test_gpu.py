@@ -29,6 +29,7 @@ from test_codegen import (  # noqa: E402  (shared tables and reference functions
     _thunder_region,
     make_input,
     op_region,
+    plan_inputs,
     torch_ref,
 )
 
@@ -82,17 +83,9 @@ def test_status_on_gpu():
 @pytest.mark.parametrize("op", EMU_OPS)
 def test_every_op_and_dtype_against_eager(op, variant):
     ndim, index64, contiguous = variant
-    gen = torch.Generator().manual_seed(hash(op) % 1000)
     reg, plan = op_region(op, DTYPES, ndim=ndim, index64=index64, contiguous=contiguous)
     shape = (33, 65)
-    tensors = []
-    for dt, od, args in plan:
-        if op == "where":
-            tensors += [make_input(op, "bool", shape, gen), make_input(op, dt, shape, gen, 1),
-                        make_input(op, dt, shape, gen, 2)]
-        else:
-            tensors += [make_input(op, dt, shape, gen, k) for k in range(len(args))]
-    tensors = [t.to(DEV) for t in tensors]
+    tensors = [t.to(DEV) for t in plan_inputs(op, plan, shape)]
     if not contiguous:
         tensors[0] = tensors[0].t().contiguous().t()
     outs = run_raw_region_cuda(reg if contiguous else reg, tensors)

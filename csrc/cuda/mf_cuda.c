@@ -91,7 +91,7 @@ static int g_ndirs;
 
 /* ---- small helpers --------------------------------------------------------- */
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
+void mf_cuda_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     if (!err || errlen == 0)
@@ -121,7 +121,7 @@ int mf_cuda_set_search_dirs(const char *const *dirs, int n, char *err, size_t er
 {
     int i;
     if (n < 0 || (n > 0 && !dirs)) {
-        set_err(err, errlen, "bad search directory list");
+        mf_cuda_set_err(err, errlen, "bad search directory list");
         return MF_CUDA_EINVAL;
     }
     if (n > MAX_DIRS)
@@ -137,7 +137,7 @@ int mf_cuda_set_search_dirs(const char *const *dirs, int n, char *err, size_t er
         char *copy = (char *)malloc(len + 1);
         if (!copy) {
             mf_cuda_unlock();
-            set_err(err, errlen, "out of memory");
+            mf_cuda_set_err(err, errlen, "out of memory");
             return MF_CUDA_ENOMEM;
         }
         memcpy(copy, dirs[i], len + 1);
@@ -331,7 +331,7 @@ int mf_cuda_load(int which, char *err, size_t errlen)
     lib_state *st;
     int ok;
     if (which < 0 || which >= MF_CUDA_LIB_COUNT) {
-        set_err(err, errlen, "bad library id %d", which);
+        mf_cuda_set_err(err, errlen, "bad library id %d", which);
         return MF_CUDA_EINVAL;
     }
     st = &g_state[which];
@@ -343,7 +343,7 @@ int mf_cuda_load(int which, char *err, size_t errlen)
     else
         ok = load_locked(which);
     if (!ok)
-        set_err(err, errlen, "%s not found: %s", g_libs[which].label,
+        mf_cuda_set_err(err, errlen, "%s not found: %s", g_libs[which].label,
                 st->info.error[0] ? st->info.error : "no candidate file");
     mf_cuda_unlock();
     return ok ? MF_CUDA_OK : MF_CUDA_ENOTFOUND;
@@ -379,7 +379,7 @@ static void cu_err(mf_CUresult r, const char *what, char *err, size_t errlen)
         g_driver.cuGetErrorName(r, &name);
     if (g_driver.cuGetErrorString)
         g_driver.cuGetErrorString(r, &text);
-    set_err(err, errlen, "%s failed: %s (%d): %s", what, name ? name : "CUDA_ERROR", r,
+    mf_cuda_set_err(err, errlen, "%s failed: %s (%d): %s", what, name ? name : "CUDA_ERROR", r,
             text ? text : "unknown error");
 }
 
@@ -436,7 +436,7 @@ static int use_device_locked(int device, mf_CUdevice *dev_out, char *err, size_t
     if (rc != MF_CUDA_OK)
         return rc;
     if (device < 0 || device >= MAX_DEVICES) {
-        set_err(err, errlen, "device index %d out of range", device);
+        mf_cuda_set_err(err, errlen, "device index %d out of range", device);
         return MF_CUDA_ENODEV;
     }
     r = g_driver.cuDeviceGet(&dev, device);
@@ -559,7 +559,7 @@ int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int
 static void cublas_err(mf_cublasStatus s, const char *what, char *err, size_t errlen)
 {
     const char *text = g_cublas.cublasGetStatusString ? g_cublas.cublasGetStatusString(s) : NULL;
-    set_err(err, errlen, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
+    mf_cuda_set_err(err, errlen, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
 }
 
 int mf_cuda_cublas_version(void)
@@ -600,11 +600,11 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
         beta = &g->beta;
         break;
     default:
-        set_err(err, errlen, "cuBLAS GEMM: unsupported data type %d", g->dtype);
+        mf_cuda_set_err(err, errlen, "cuBLAS GEMM: unsupported data type %d", g->dtype);
         return MF_CUDA_EINVAL;
     }
     if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 1) {
-        set_err(err, errlen, "cuBLAS GEMM: bad sizes m=%d n=%d k=%d batch=%d", g->m, g->n, g->k,
+        mf_cuda_set_err(err, errlen, "cuBLAS GEMM: bad sizes m=%d n=%d k=%d batch=%d", g->m, g->n, g->k,
                 g->batch);
         return MF_CUDA_EINVAL;
     }

@@ -235,6 +235,13 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen);
 /* cuBLAS version as major*10000+minor*100+patch, or -1. */
 int mf_cuda_cublas_version(void);
 
+/* printf-style message into a caller's error buffer (err may be NULL). */
+void mf_cuda_set_err(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 #ifdef __cplusplus
 }
 #endif

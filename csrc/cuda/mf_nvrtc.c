@@ -17,7 +17,6 @@
 #include "mf_cuda.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,16 +42,6 @@ typedef struct cache_entry {
 static cache_entry *g_entries;
 static size_t g_nentries, g_capentries;
 static mf_nvrtc_cache_stats g_stats;
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 uint64_t mf_nvrtc_hash(const void *data, size_t len, uint64_t seed)
 {
@@ -82,7 +71,7 @@ static void nvrtc_err(mf_nvrtcResult res, const char *what, char *err, size_t er
     const char *text = mf_cuda_nvrtc()->nvrtcGetErrorString
                            ? mf_cuda_nvrtc()->nvrtcGetErrorString(res)
                            : NULL;
-    set_err(err, errlen, "%s failed: %s (%d)", what, text ? text : "NVRTC error", res);
+    mf_cuda_set_err(err, errlen, "%s failed: %s (%d)", what, text ? text : "NVRTC error", res);
 }
 
 int mf_nvrtc_version(int *major, int *minor, char *err, size_t errlen)
@@ -141,7 +130,7 @@ static int choose_target(int arch, int mode, char *target, size_t tlen, int *cub
     if (rc != MF_CUDA_OK)
         return rc;
     if (arch <= 0) {
-        set_err(err, errlen, "bad compute capability %d", arch);
+        mf_cuda_set_err(err, errlen, "bad compute capability %d", arch);
         return MF_CUDA_EINVAL;
     }
     for (i = 0; i < n; i++) {
@@ -153,7 +142,7 @@ static int choose_target(int arch, int mode, char *target, size_t tlen, int *cub
     if (mode == MF_NVRTC_CUBIN || (mode == MF_NVRTC_AUTO && exact)) {
         if (!api->nvrtcGetCUBIN || !api->nvrtcGetCUBINSize) {
             if (mode == MF_NVRTC_CUBIN) {
-                set_err(err, errlen, "this NVRTC cannot produce cubin (no nvrtcGetCUBIN)");
+                mf_cuda_set_err(err, errlen, "this NVRTC cannot produce cubin (no nvrtcGetCUBIN)");
                 return MF_CUDA_ENVRTC;
             }
         } else {
@@ -164,7 +153,7 @@ static int choose_target(int arch, int mode, char *target, size_t tlen, int *cub
     }
     if (mode == MF_NVRTC_AUTO && n > 0) {
         if (best < 0) {
-            set_err(err, errlen, "device sm_%d is older than every architecture this NVRTC supports "
+            mf_cuda_set_err(err, errlen, "device sm_%d is older than every architecture this NVRTC supports "
                                  "(oldest sm_%d)", arch, archs[0]);
             return MF_CUDA_ENVRTC;
         }
@@ -420,7 +409,7 @@ static int run_nvrtc(const char *src, const char *name, const char *target, int 
     }
     buf = (char *)malloc(n + 1);
     if (!buf) {
-        set_err(err, errlen, "out of memory");
+        mf_cuda_set_err(err, errlen, "out of memory");
         rc = MF_CUDA_ENOMEM;
         goto out;
     }
@@ -454,7 +443,7 @@ int mf_nvrtc_compile(const char *src, const char *name, int arch, int mode, cons
     if (log_out)
         *log_out = NULL;
     if (!src || !name) {
-        set_err(err, errlen, "no source or kernel name");
+        mf_cuda_set_err(err, errlen, "no source or kernel name");
         return MF_CUDA_EINVAL;
     }
     rc = mf_nvrtc_version(&major, &minor, err, errlen);
@@ -465,7 +454,7 @@ int mf_nvrtc_compile(const char *src, const char *name, int arch, int mode, cons
         return rc;
     key = make_key(src, name, target, major, minor, &key_len);
     if (!key) {
-        set_err(err, errlen, "out of memory");
+        mf_cuda_set_err(err, errlen, "out of memory");
         return MF_CUDA_ENOMEM;
     }
     hash = mf_nvrtc_hash(key, key_len, MF_NVRTC_HASH_SEED);
