@@ -275,6 +275,47 @@ def test_regions_of_another_fusion_pass_are_kept_whole():
     assert info["peak_after_bytes"] <= info["peak_before_bytes"]
 
 
+def test_general_fusion_executor_is_replaced():
+    """NOTE [replacing the fusion pass]: with torch.compile's general fusion executor
+    in the list (nvFuser's CPU stand-in), memfuse takes it out and plans alone."""
+    t0s, a = _seed_inputs(n=4, size=32)
+
+    def fn(t0s, a):
+        return memory_peak_inefficient_func(t0s, a).sin().add(1).cos()  # a chain to fuse
+
+    jf = thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(fuse=True)])
+    torch.testing.assert_close(jf(list(t0s), a), fn(list(t0s), a), rtol=1e-4, atol=1e-4)
+    names = [ex.name for ex in thunder.compile_data(jf).executors_list]
+    assert "torchcompile" not in names and "torch" in names
+    final, ours = _memfuse_trace(jf)
+    fusions = [b.sym.name for b in final.bound_symbols if getattr(b.sym, "is_fusion", False)]
+    assert fusions and all(n.startswith("MemFuse") for n in fusions)
+    assert ours._memfuse_info["replaced_executors"] == ["torchcompile"]
+    assert ours._memfuse_info["plan"]["peak_bytes"] == 3 * 32 * 32 * 4
+    assert "replaced fusion executors: torchcompile" in tm.format_report(tm.report(jf))
+
+
+def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off():
+    from types import SimpleNamespace
+
+    from thunder.core.compile_data import compile_data_and_stats
+    from thunder.extend import get_executor
+
+    def run_hook(transform, names):
+        cd = SimpleNamespace(executors_list=tuple(get_executor(n) for n in names))
+        with compile_data_and_stats(cd, None):
+            out = transform.transform_traces_pre_prologue("p", "c", "e")
+        assert out == ("p", "c", "e")  # the traces pass through
+        return [ex.name for ex in cd.executors_list], getattr(cd, "_memfuse_replaced", ())
+
+    names = ["torchcompile_xentropy", "torchcompile", "torch", "python"]
+    assert run_hook(MemFuse(), names) == (["torchcompile_xentropy", "torch", "python"], ("torchcompile",))
+    assert run_hook(MemFuse(replace_fusion=False), names) == (names, ())
+    assert run_hook(MemFuse(), ["torch", "python"]) == (["torch", "python"], ())
+    with pytest.raises(ValueError, match="replace_fusion"):
+        MemFuse(replace_fusion="yes")
+
+
 def test_gemm_regions_map_arguments_and_fall_back(monkeypatch):
     """NOTE [gemm regions]: the cuBLAS path gets matmul/linear arguments in the bound
     symbol's order whatever the region's input order; CPU tensors use the fallback."""

@@ -98,6 +98,7 @@ def report(jfn) -> dict:
             "method": plan["method"],
             "states": plan["states"],
             "plan_ms": info["time_ms"],
+            "replaced_executors": info.get("replaced_executors", []),
             "largest_live_at_peak": _largest_live_at_peak(info, steps_after),
         }
     if not out:
@@ -113,6 +114,8 @@ def format_report(rep: dict) -> str:
             f"regions {r['regions_before']} -> {r['regions_after']}, "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
         )
+        if r.get("replaced_executors"):
+            lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
         for name, b in r["largest_live_at_peak"]:
             lines.append(f"    live at peak: {name} {b / 2**20:.2f} MiB")
     return "\n".join(lines)

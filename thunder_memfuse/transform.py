@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 
+from thunder.core.compile_data import get_compile_data
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceProvenance, TraceTag, from_trace
 from thunder.core.transform_common import Transform
@@ -27,6 +28,20 @@ from . import _thunder
 from .executor import is_cuda_gemm, make_region_callable
 
 _BACKENDS = ("auto", "cuda", "cpu")
+
+# NOTE [replacing the fusion pass]: memfuse is a drop-in replacement for Thunder's
+# fusion pass, not a post-processor of it.  nvFuser (Thunder's default fusion
+# executor on CUDA when installed) and the general torch.compile executor fuse
+# the joint trace before memfuse sees it, and memfuse keeps other executors'
+# regions whole (docs/ARCHITECTURE.md), so with them in the executor list the
+# horizontal fusion that raises the peak is already fixed in place.  Before
+# Thunder claims ops for executors (transform_traces_pre_prologue runs first),
+# memfuse therefore takes these two out of the compilation's executor list.
+# Narrow fusion executors (torchcompile_cat, torchcompile_xentropy: one op
+# family each) stay; their regions are planned as single ops.  The price: those
+# passes also rematerialize between their own regions, which memfuse does not.
+# MemFuse(replace_fusion=False) keeps them and only plans around their regions.
+GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
 
 
 class MemFuseError(RuntimeError):
@@ -46,6 +61,10 @@ class MemFuse(Transform):
             that is on traces with CUDA tensors and a backend other than "cpu"; only
             reorder elsewhere (NOTE [fusion on CPU]).  True: always form regions
             (on CPU they run through the fallback).  False: only reorder.
+        replace_fusion: True (default): memfuse is the compilation's fusion pass;
+            nvFuser and the general torch.compile executor are taken out of its
+            executor list (NOTE [replacing the fusion pass]).  False: keep them, and
+            plan around their regions.
 
     The instance holds these options and, between an augmented forward and the
     backward Thunder hands over right after it, the names of the forward's
@@ -55,7 +74,7 @@ class MemFuse(Transform):
     """
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
-                 fuse: bool | str = "auto"):
+                 fuse: bool | str = "auto", replace_fusion: bool = True):
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
@@ -67,12 +86,29 @@ class MemFuse(Transform):
         if fuse not in (True, False, "auto"):
             raise ValueError(f"MemFuse: fuse must be True, False or 'auto', got {fuse!r}")
         self.fuse = fuse
+        if not isinstance(replace_fusion, bool):
+            raise ValueError(f"MemFuse: replace_fusion must be True or False, got {replace_fusion!r}")
+        self.replace_fusion = replace_fusion
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, backend={self.backend!r}, "
-                f"fuse={self.fuse!r})")
+                f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r})")
 
-    # Thunder's hook -----------------------------------------------------------------
+    # Thunder's hooks ----------------------------------------------------------------
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        """Runs before Thunder claims ops for executors: take the general fusion
+        executors out of this compilation (NOTE [replacing the fusion pass]).
+        The traces themselves are returned unchanged."""
+        if self.replace_fusion:
+            try:
+                _replace_fusion_executors(get_compile_data())
+            except Exception as e:  # the compilation goes on with its executors
+                if self.strict:
+                    raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
+                warnings.warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}", RuntimeWarning,
+                              stacklevel=2)
+        return prologue_trace, computation_trace, epilogue_trace
+
     def transform_trace_post_optimization(self, computation_trace, **kwargs):
         try:
             return self._transform(computation_trace)
@@ -141,6 +177,7 @@ class MemFuse(Transform):
                 1 for g in res["groups"] if len(g) == 1 and getattr(g[0].sym, "is_fusion", False)),
             "ops": sum(len(g) for g in res["groups"]),
             "time_ms": elapsed_ms,
+            "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
         }
         return new_trace
 
@@ -197,6 +234,18 @@ def _with_comments(bsyms, groups):
     if pending:  # trailing comments: before the return, which stays last
         out[len(out) - 1:len(out) - 1] = [[c] for c in pending]
     return out
+
+
+def _replace_fusion_executors(cd) -> None:
+    """Drop GENERAL_FUSION_EXECUTORS from compile data `cd` (None: not inside a
+    thunder.jit compilation, nothing to do); remember their names on it."""
+    if cd is None:
+        return
+    executors = tuple(cd.executors_list)
+    kept = tuple(ex for ex in executors if ex.name not in GENERAL_FUSION_EXECUTORS)
+    if len(kept) != len(executors):
+        cd._memfuse_replaced = tuple(ex.name for ex in executors if ex.name in GENERAL_FUSION_EXECUTORS)
+        cd.executors_list = kept
 
 
 def _has_cuda_tensors(bsyms) -> bool:
