@@ -450,11 +450,10 @@ def emulate_lib(src):
 
 def run_region_on_cpu(region: K.CudaRegion, *args):
     """What the GPU path does, with the kernel compiled for the CPU."""
-    device = region.check_args(args, cuda=False)
-    outs, result = region.allocate_outputs(device)
-    if math.prod(region.prog.S) == 0:
+    _, result, launch = region.prepare(args, cuda=False)
+    if launch is None:
         return result
-    (ndim, index64, contiguous), numel, params = region.launch_params(args, outs)
+    (ndim, index64, contiguous), numel, params = launch
     lib = emulate_lib(region.source(ndim, index64, contiguous))
     assert lib.mf_param_size() == len(params)
     lib.mf_run(params)
@@ -806,6 +805,13 @@ def test_region_dims_collapse_and_variants():
     big = torch.randn(3, 4, 10)
     ca_sliced = [big[:, :, :5], ca[1]]
     assert r2.launch_params(ca_sliced, o2)[0] == (2, False, False)
+    # layouts are cached per stride pattern: going back gives the first variant again, and the
+    # packed bytes equal a fresh region's, new data pointers included
+    fresh = K.build_cuda_region(bsyms2, inputs2, outs2)
+    ca_new = [t.clone() for t in ca]
+    assert r2.launch_params(ca_new, o2) == fresh.launch_params(ca_new, o2)
+    assert r2.launch_params(ca_sliced, o2) == fresh.launch_params(ca_sliced, o2)
+    assert r2.launch_params(ca_new, o2)[2] != r2.launch_params(ca, o2)[2]
 
 
 def test_build_region_rejects_unsupported():

@@ -574,7 +574,10 @@ class CudaRegion:
         for kind, dt, pos, _ in prog.kinputs:
             if kind == "tensor":
                 self._expect[pos] = (getattr(torch, dt), tuple(inputs[pos].shape))
-        self._scalar_fmt = {"float64": "d", "int64": "q", "bool": "q"}
+        self._tensor_pos = [pos for kind, _, pos, _ in prog.kinputs if kind == "tensor"]
+        self._scalar_pos = [(pos, "<d", float) if dt == "float64" else (pos, "<q", int)
+                            for kind, dt, pos, _ in prog.kinputs if kind != "tensor"]
+        self._layouts = {}  # operand strides -> launch_params layout
 
     def source(self, ndim: int, index64: bool = False, contiguous: bool = False) -> str:
         key = (ndim, bool(index64), bool(contiguous))
@@ -627,23 +630,30 @@ class CudaRegion:
 
     def launch_params(self, args, outs):
         """(variant (ndim, index64, contiguous), numel, packed parameter bytes) for one launch
-        (csrc/cuda/mf_codegen.c NOTE [kernel parameters]).  Works on CPU tensors too (tests)."""
+        (csrc/cuda/mf_codegen.c NOTE [kernel parameters]).  Works on CPU tensors too (tests).
+        Everything but the data pointers and scalars depends on the operands' strides alone
+        (shapes are fixed by check_args), so it is computed once per stride pattern."""
+        tensors = [args[pos] for pos in self._tensor_pos] + list(outs)
+        key = tuple(t.stride() for t in tensors)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= 64:  # a region meets few stride patterns; bound it anyway
+                self._layouts.clear()
+            layout = self._layouts[key] = self._layout(tensors)
+        variant, numel, head, ptr_fmt, tail = layout
+        params = head + struct.pack(ptr_fmt, *(t.data_ptr() for t in tensors)) + tail
+        if self._scalar_pos:
+            params += b"".join(struct.pack(fmt, conv(args[pos])) for pos, fmt, conv in self._scalar_pos)
+        return variant, numel, params
+
+    def _layout(self, tensors):
+        """(variant, numel, bytes before the pointers, pointer format, bytes after them)."""
         prog = self.prog
         S = prog.S
         numel = math.prod(S)
         ndim0 = len(S)
-        strides, ptrs, scalars = [], [], []
-        for kind, dt, pos, m in prog.kinputs:
-            if kind == "tensor":
-                t = args[pos]
-                strides.append(_s_strides(t.shape, t.stride(), m, ndim0))
-                ptrs.append(t.data_ptr())
-            else:
-                v = args[pos]
-                scalars.append(struct.pack("<" + self._scalar_fmt[dt], float(v) if dt == "float64" else int(v)))
-        for o, (sh, m, _) in zip(outs, prog.out_info):
-            strides.append(_s_strides(o.shape, o.stride(), m, ndim0))
-            ptrs.append(o.data_ptr())
+        mappings = [m for kind, _, _, m in prog.kinputs if kind == "tensor"] + [m for _, m, _ in prog.out_info]
+        strides = [_s_strides(t.shape, t.stride(), m, ndim0) for t, m in zip(tensors, mappings)]
         sizes, sts = _collapse(S, strides)
         contiguous = numel == 1 or (len(sizes) == 1 and all(s[0] == 1 for s in sts))
         index64 = (
@@ -652,22 +662,31 @@ class CudaRegion:
             or any(sum((n - 1) * st for n, st in zip(sizes, s)) >= _INDEX32_LIMIT for s in sts)
         )
         ndim = len(sizes)
+        ptr_fmt = f"<{len(tensors)}Q"
         if contiguous:
-            params = struct.pack(f"<q{len(ptrs)}Q", numel, *ptrs)
+            head, tail = struct.pack("<q", numel), b""
         else:
             flat = [x for s in sts for x in s]
-            params = struct.pack(f"<q{ndim}q{len(ptrs)}Q{len(flat)}q", numel, *sizes, *ptrs, *flat)
-        params += b"".join(scalars)
-        return (ndim, bool(index64), bool(contiguous)), numel, params
+            head = struct.pack(f"<q{ndim}q", numel, *sizes)
+            tail = struct.pack(f"<{len(flat)}q", *flat)
+        return (ndim, bool(index64), bool(contiguous)), numel, head, ptr_fmt, tail
+
+    def prepare(self, args, *, cuda=True):
+        """Everything a launch needs but the driver: (device, result, launch) where launch is
+        None for an empty iteration space, else launch_params' (variant, numel, params)."""
+        device = self.check_args(args, cuda=cuda)
+        outs, result = self.allocate_outputs(device)
+        if math.prod(self.prog.S) == 0:
+            return device, result, None
+        return device, result, self.launch_params(args, outs)
 
     def __call__(self, *args):
         import torch
 
-        device = self.check_args(args)
-        outs, result = self.allocate_outputs(device)
-        if math.prod(self.prog.S) == 0:
+        device, result, launch = self.prepare(args)
+        if launch is None:
             return result
-        (ndim, index64, contiguous), numel, params = self.launch_params(args, outs)
+        (ndim, index64, contiguous), numel, params = launch
         dev = device.index if device.index is not None else torch.cuda.current_device()
         fn = self._function(dev, ndim, index64, contiguous)
         block = _codegen_info()["block"]
