@@ -2,7 +2,7 @@
 # Fill wheels/ (git-ignored) with what benchmarks/gpu_check.sh installs on a lent GPU machine that
 # has Python 3.12 and a CUDA build of torch but no Thunder and no network: lightning-thunder 0.2.6
 # and its pure-Python / small binary dependencies (never torch), pytest, and the build tools for
-# `pip install --no-build-isolation -e .`.  Run it here, with network, before a GPU session; the
+# `setup.py build_ext --inplace` (setuptools >= 77).  Run it here, with network, before a GPU session; the
 # session carries wheels/ to the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,8 +5,8 @@
 #     bash benchmarks/gpu_check.sh            # reports under $OUT (default ./out/gpu)
 #
 # Stages: environment -> install Thunder 0.2.6 and missing deps from wheels/ (filled beforehand by
-# benchmarks/fetch_gpu_wheels.sh) -> build the extension (pip install --no-build-isolation
-# --no-deps -e .) -> cuda_status -> pytest tests/test_gpu.py -> benchmarks/seed_gpu.py ->
+# benchmarks/fetch_gpu_wheels.sh) into $SITE (on PYTHONPATH) -> build the extension in place
+# (setup.py build_ext --inplace) -> cuda_status -> pytest tests/test_gpu.py -> benchmarks/seed_gpu.py ->
 # tests/test_codegen.py if time is left.  Each stage has a time limit inside an overall budget
 # (GPU_CHECK_BUDGET seconds, default 450 < 8 minutes); a failing stage is recorded in
 # $OUT/gpu_check.json and the script goes on.  Exit status 0 unless the summary itself fails.
@@ -16,7 +16,10 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/out/gpu}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-export OUT PY
+SITE=${GPU_CHECK_SITE:-/tmp/memfuse_site}
+mkdir -p "$SITE"
+export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export OUT PY SITE
 BUDGET=${GPU_CHECK_BUDGET:-450}
 START=$SECONDS
 STAGES=$OUT/stages.tsv
@@ -56,19 +59,35 @@ env_info() {
 }
 
 install_deps() {
-  # Thunder and the test/build tools, only what is missing; never torch.
-  local need=()
-  "$PY" -c "import thunder" 2>/dev/null || need+=("lightning-thunder==0.2.6")
-  "$PY" -c "import pytest" 2>/dev/null || need+=("pytest")
-  "$PY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 68)" 2>/dev/null || need+=("setuptools>=68")
-  "$PY" -c "import wheel" 2>/dev/null || need+=("wheel")
-  if [ ${#need[@]} -eq 0 ]; then echo "nothing to install"; return 0; fi
+  # Thunder and whatever else of wheels/ the machine lacks (never torch), into $SITE with
+  # --no-deps: the image's Python may not be writable, and pip --target would otherwise try to
+  # reinstall torch.  A wheel whose distribution is already installed is skipped.
   if [ ! -d wheels ]; then echo "wheels/ is missing: run benchmarks/fetch_gpu_wheels.sh where there is network" >&2; return 3; fi
-  "$PY" -m pip install --no-index --find-links wheels "${need[@]}"
+  local need
+  need=$("$PY" - wheels <<'PYEOF'
+import glob, os, sys
+from importlib import metadata
+# pyproject.toml's SPDX license string needs setuptools >= 77
+MIN_MAJOR = {"setuptools": 77}
+for whl in sorted(glob.glob(os.path.join(sys.argv[1], "*.whl"))):
+    name = os.path.basename(whl).split("-")[0]
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        print(whl)
+        continue
+    major = int(have.split(".")[0]) if have.split(".")[0].isdigit() else 0
+    if major < MIN_MAJOR.get(name.lower(), 0):
+        print(whl)
+PYEOF
+) || return $?
+  echo "installing into $SITE:" $need
+  [ -z "$need" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $need
 }
 
 build_ext() {
-  "$PY" -m pip install --no-build-isolation --no-deps -e . || return $?
+  # in place (thunder_memfuse/_C*.so), found through PYTHONPATH: nothing to install
+  "$PY" setup.py -q build_ext --inplace || return $?
   "$PY" -c "import thunder_memfuse._C as C; print('built', C.__file__)"
 }
 
