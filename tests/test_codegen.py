@@ -16,6 +16,7 @@ import hashlib
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -460,27 +461,30 @@ def run_region_on_cpu(region: K.CudaRegion, *args):
     return result
 
 
+def pack_params(shape, operands, contiguous, scalars=()):
+    """The kernel's parameter bytes (NOTE [kernel parameters] in csrc/cuda/mf_codegen.c) for the
+    iteration space shape, the tensor operands (inputs, then outputs) and (dtype, value) scalars."""
+    numel = math.prod(shape)
+    ptrs = [t.data_ptr() for t in operands]
+    if contiguous:
+        params = struct.pack(f"<q{len(ptrs)}Q", numel, *ptrs)
+    else:
+        strides = [s for t in operands for s in t.stride()]
+        params = struct.pack(f"<q{len(shape)}q{len(ptrs)}Q{len(strides)}q", numel, *shape, *ptrs, *strides)
+    for dt, v in scalars:
+        params += struct.pack("<d" if dt == "float64" else "<q", v)
+    return params
+
+
 def run_raw_region(reg, tensors, scalars=()):
     """Run a hand-written region tuple on CPU tensors whose shapes all equal the iteration space."""
     inputs, instrs, outputs, ndim, index64, contiguous = reg
     S = tensors[0].shape
-    numel = math.prod(S)
     outs = []
     vdt = [dt for _, dt in inputs] + [i[2] for i in instrs]
     for v, _ in outputs:
         outs.append(torch.empty(S, dtype=getattr(torch, vdt[v])))
-    ops_t = list(tensors) + outs
-    sizes = list(S) if not contiguous else []
-    ptrs = [t.data_ptr() for t in ops_t]
-    import struct
-
-    if contiguous:
-        params = struct.pack(f"<q{len(ptrs)}Q", numel, *ptrs)
-    else:
-        strides = [s for t in ops_t for s in t.stride()]
-        params = struct.pack(f"<q{len(sizes)}q{len(ptrs)}Q{len(strides)}q", numel, *sizes, *ptrs, *strides)
-    for dt, v in scalars:
-        params += struct.pack("<d" if dt == "float64" else "<q", v)
+    params = pack_params(S, list(tensors) + outs, contiguous, scalars)
     lib = emulate_lib(_C.cuda_codegen((inputs, instrs, outputs, len(S) if not contiguous else 1, index64, contiguous)))
     assert lib.mf_param_size() == len(params)
     lib.mf_run(params)

@@ -6,7 +6,6 @@ machine with benchmarks/gpu_check.sh.
 from __future__ import annotations
 
 import math
-import struct
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ from test_codegen import (  # noqa: E402  (shared tables and reference functions
     _thunder_region,
     make_input,
     op_region,
+    pack_params,
     plan_inputs,
     torch_ref,
 )
@@ -49,16 +49,8 @@ def run_raw_region_cuda(reg, tensors, scalars=(), out_shape=None):
     outs = [torch.empty(S, dtype=getattr(torch, vdt[v]), device=DEV) for v, _ in outputs]
     if numel == 0:
         return outs
-    ops_t = list(tensors) + outs
-    ptrs = [t.data_ptr() for t in ops_t]
     nd = 1 if contiguous else len(S)
-    if contiguous:
-        params = struct.pack(f"<q{len(ptrs)}Q", numel, *ptrs)
-    else:
-        strides = [s for t in ops_t for s in t.stride()]
-        params = struct.pack(f"<q{nd}q{len(ptrs)}Q{len(strides)}q", numel, *S, *ptrs, *strides)
-    for dt, v in scalars:
-        params += struct.pack("<d" if dt == "float64" else "<q", v)
+    params = pack_params(S, list(tensors) + outs, contiguous, scalars)
     src = _C.cuda_codegen((inputs, instrs, outputs, nd, index64, contiguous))
     res = K.nvrtc_compile(src, _arch())
     dev = torch.cuda.current_device()

@@ -478,6 +478,36 @@ static void emit_int(sb *s, int64_t x)
         sb_printf(s, "%lldLL", (long long)x);
 }
 
+/* "(<cast>)(a <op> b)", or "(a <op> b)" when cast is NULL; both operands
+ * converted to the compute type of dt. */
+static void emit_infix(sb *s, gen *g, const char *cast, int a, const char *op, int b, int dt)
+{
+    if (cast)
+        sb_printf(s, "(%s)", cast);
+    sb_printf(s, "(");
+    cast_to(s, g, a, dt);
+    sb_printf(s, " %s ", op);
+    cast_to(s, g, b, dt);
+    sb_printf(s, ")");
+}
+
+/* "fn(args)", or "fn<targ>(args)" when targ is not NULL: every argument of
+ * the instruction, comma separated, converted to the compute type of dt. */
+static void emit_call(sb *s, gen *g, const char *fn, const char *targ, const mf_codegen_instr *in, int dt)
+{
+    int j;
+    if (targ)
+        sb_printf(s, "%s<%s>(", fn, targ);
+    else
+        sb_printf(s, "%s(", fn);
+    for (j = 0; j < in->nargs; j++) {
+        if (j > 0)
+            sb_printf(s, ", ");
+        cast_to(s, g, in->args[j], dt);
+    }
+    sb_printf(s, ")");
+}
+
 /* Emit "const <ctype> vN = <expr>;" for instruction i. */
 static int emit_instr(sb *s, gen *g, int i)
 {
@@ -534,24 +564,18 @@ static int emit_instr(sb *s, gen *g, int i)
     case K_MATH1:
         if (c != 2)
             return fail(g, "%s #%d: result dtype %s is not floating", op->name, i, g_dtypes[dt].name);
-        sb_printf(s, "%s(", dt == MF_DT_F64 ? op->f64 : op->f32);
-        cast_to(s, g, a0, dt);
-        sb_printf(s, ")");
+        emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
         break;
     case K_ROUND1:
         if (c == 2) {
-            sb_printf(s, "%s(", dt == MF_DT_F64 ? op->f64 : op->f32);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, ")");
+            emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
         } else {
             cast_to(s, g, a0, dt);
         }
         break;
     case K_ABS:
         if (c == 2) {
-            sb_printf(s, "%s(", dt == MF_DT_F64 ? op->f64 : op->f32);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, ")");
+            emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
         } else if (c == 1) {
             sb_printf(s, "(%s)(v%d < 0 ? -v%d : v%d)", ct, a0, a0, a0);
         } else {
@@ -625,61 +649,33 @@ static int emit_instr(sb *s, gen *g, int i)
             const char *bop = op->f32[0] == '+' ? "||" : op->f32[0] == '*' ? "&&" : NULL;
             if (!bop)
                 return fail(g, "%s #%d: bool result", op->name, i);
-            sb_printf(s, "(bool)(");
-            cast_to(s, g, a0, MF_DT_BOOL);
-            sb_printf(s, " %s ", bop);
-            cast_to(s, g, a1, MF_DT_BOOL);
-            sb_printf(s, ")");
+            emit_infix(s, g, "bool", a0, bop, a1, MF_DT_BOOL);
             break;
         }
-        sb_printf(s, "(%s)(", ct);
-        cast_to(s, g, a0, dt);
-        sb_printf(s, " %s ", op->f32);
-        cast_to(s, g, a1, dt);
-        sb_printf(s, ")");
+        emit_infix(s, g, ct, a0, op->f32, a1, dt);
         break;
     case K_MATH2:
         if (c == 2) {
             if (strcmp(op->name, "remainder") == 0)
                 g->helpers |= H_REM;
-            sb_printf(s, "%s(", dt == MF_DT_F64 ? op->f64 : op->f32);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, ", ");
-            cast_to(s, g, a1, dt);
-            sb_printf(s, ")");
+            emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
         } else if (c == 1 && strcmp(op->name, "fmod") == 0) {
-            sb_printf(s, "(%s)(", ct);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, " %% ");
-            cast_to(s, g, a1, dt);
-            sb_printf(s, ")");
+            emit_infix(s, g, ct, a0, "%", a1, dt);
         } else if (c == 1 && (strcmp(op->name, "remainder") == 0 || strcmp(op->name, "pow") == 0)) {
             int isrem = op->name[0] == 'r';
             g->helpers |= isrem ? H_IREM : H_IPOW;
-            sb_printf(s, "%s<%s>(", isrem ? "mf_irem" : "mf_ipow", ct);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, ", ");
-            cast_to(s, g, a1, dt);
-            sb_printf(s, ")");
+            emit_call(s, g, isrem ? "mf_irem" : "mf_ipow", ct, in, dt);
         } else {
             return fail(g, "%s #%d: unsupported result dtype %s", op->name, i, g_dtypes[dt].name);
         }
         break;
     case K_MAXMIN:
         if (c == 0) {
-            sb_printf(s, "(");
-            cast_to(s, g, a0, MF_DT_BOOL);
-            sb_printf(s, " %s ", strcmp(op->f32, "mf_max") == 0 ? "||" : "&&");
-            cast_to(s, g, a1, MF_DT_BOOL);
-            sb_printf(s, ")");
+            emit_infix(s, g, NULL, a0, strcmp(op->f32, "mf_max") == 0 ? "||" : "&&", a1, MF_DT_BOOL);
             break;
         }
         g->helpers |= H_MAXMIN;
-        sb_printf(s, "%s<%s>(", op->f32, ct);
-        cast_to(s, g, a0, dt);
-        sb_printf(s, ", ");
-        cast_to(s, g, a1, dt);
-        sb_printf(s, ")");
+        emit_call(s, g, op->f32, ct, in, dt);
         break;
     case K_BIT2:
         if (c == 2)
@@ -688,33 +684,16 @@ static int emit_instr(sb *s, gen *g, int i)
             const char *bop = op->f32[0] == '&' ? "&&" : op->f32[0] == '|' ? "||" : op->f32[0] == '^' ? "!=" : NULL;
             if (!bop)
                 return fail(g, "%s #%d: bool operands", op->name, i);
-            sb_printf(s, "(");
-            cast_to(s, g, a0, MF_DT_BOOL);
-            sb_printf(s, " %s ", bop);
-            cast_to(s, g, a1, MF_DT_BOOL);
-            sb_printf(s, ")");
+            emit_infix(s, g, NULL, a0, bop, a1, MF_DT_BOOL);
             break;
         }
-        sb_printf(s, "(%s)(", ct);
-        cast_to(s, g, a0, dt);
-        sb_printf(s, " %s ", op->f32);
-        cast_to(s, g, a1, dt);
-        sb_printf(s, ")");
+        emit_infix(s, g, ct, a0, op->f32, a1, dt);
         break;
     case K_CMP:
-        adt = compare_dtype(g, in);
-        sb_printf(s, "(%s)(", ct);
-        cast_to(s, g, a0, adt);
-        sb_printf(s, " %s ", op->f32);
-        cast_to(s, g, a1, adt);
-        sb_printf(s, ")");
+        emit_infix(s, g, ct, a0, op->f32, a1, compare_dtype(g, in));
         break;
     case K_LOGIC2:
-        sb_printf(s, "(%s)(", ct);
-        cast_to(s, g, a0, MF_DT_BOOL);
-        sb_printf(s, " %s ", op->f32);
-        cast_to(s, g, a1, MF_DT_BOOL);
-        sb_printf(s, ")");
+        emit_infix(s, g, ct, a0, op->f32, a1, MF_DT_BOOL);
         break;
     case K_WHERE:
         sb_printf(s, "(");
@@ -729,13 +708,7 @@ static int emit_instr(sb *s, gen *g, int i)
         if (c != 2)
             return fail(g, "lerp #%d: result dtype %s is not floating", i, g_dtypes[dt].name);
         g->helpers |= H_LERP;
-        sb_printf(s, "mf_lerp<%s>(", ct);
-        cast_to(s, g, a0, dt);
-        sb_printf(s, ", ");
-        cast_to(s, g, a1, dt);
-        sb_printf(s, ", ");
-        cast_to(s, g, a2, dt);
-        sb_printf(s, ")");
+        emit_call(s, g, "mf_lerp", ct, in, dt);
         break;
     default:
         return fail(g, "internal: op kind %d", op->kind);

@@ -62,10 +62,10 @@ error:
     Py_XDECREF(text);
 }
 
-static int set_item_str(PyObject *d, const char *key, const char *value)
+/* d[key] = v, taking the reference to v; v NULL (its creation failed) gives
+ * -1 with that exception set.  0 or -1. */
+static int set_item_steal(PyObject *d, const char *key, PyObject *v)
 {
-    PyObject *v = value ? PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace")
-                        : Py_NewRef(Py_None);
     int rc;
     if (!v)
         return -1;
@@ -74,20 +74,38 @@ static int set_item_str(PyObject *d, const char *key, const char *value)
     return rc;
 }
 
+/* d[key] = value as str (undecodable bytes replaced), None for NULL. */
+static int set_item_str(PyObject *d, const char *key, const char *value)
+{
+    return set_item_steal(d, key, value ? PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace")
+                                        : Py_NewRef(Py_None));
+}
+
+/* d[key] = value as int. */
 static int set_item_ll(PyObject *d, const char *key, long long value)
 {
-    PyObject *v = PyLong_FromLongLong(value);
-    int rc;
-    if (!v)
-        return -1;
-    rc = PyDict_SetItemString(d, key, v);
-    Py_DECREF(v);
-    return rc;
+    return set_item_steal(d, key, PyLong_FromLongLong(value));
 }
 
 static int set_item_bool(PyObject *d, const char *key, int value)
 {
     return PyDict_SetItemString(d, key, value ? Py_True : Py_False);
+}
+
+/* PyMem_Calloc of n + 1 items (so never 0 bytes); NULL with MemoryError set. */
+static void *calloc_items(Py_ssize_t n, size_t size)
+{
+    void *p = PyMem_Calloc((size_t)n + 1, size);
+    if (!p)
+        PyErr_NoMemory();
+    return p;
+}
+
+/* obj (a Python int) as a pointer in *out; 0, or -1 with an exception set. */
+static int ptr_arg(PyObject *obj, void **out)
+{
+    *out = PyLong_AsVoidPtr(obj);
+    return (!*out && PyErr_Occurred()) ? -1 : 0;
 }
 
 /* ---- cuda_set_search_dirs ------------------------------------------------------ */
@@ -109,11 +127,9 @@ static PyObject *py_set_dirs(PyObject *self, PyObject *arg)
     if (!seq)
         goto error;
     n = PySequence_Fast_GET_SIZE(seq);
-    dirs = (const char **)PyMem_Calloc((size_t)n + 1, sizeof(char *));
-    if (!dirs) {
-        PyErr_NoMemory();
+    dirs = calloc_items(n, sizeof(char *));
+    if (!dirs)
         goto error;
-    }
     for (i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         dirs[i] = PyUnicode_AsUTF8(item);
@@ -311,11 +327,9 @@ static int parse_region(PyObject *obj, parsed_region *p)
         goto error;
 
     n = PySequence_Fast_GET_SIZE(ins);
-    p->inputs = (mf_codegen_input *)PyMem_Calloc((size_t)n + 1, sizeof *p->inputs);
-    if (!p->inputs) {
-        PyErr_NoMemory();
+    p->inputs = calloc_items(n, sizeof *p->inputs);
+    if (!p->inputs)
         goto error;
-    }
     for (i = 0; i < n; i++) {
         PyObject *kind, *dt;
         const char *k;
@@ -336,11 +350,9 @@ static int parse_region(PyObject *obj, parsed_region *p)
     p->r.n_inputs = (int)n;
 
     n = PySequence_Fast_GET_SIZE(instrs);
-    p->instrs = (mf_codegen_instr *)PyMem_Calloc((size_t)n + 1, sizeof *p->instrs);
-    if (!p->instrs) {
-        PyErr_NoMemory();
+    p->instrs = calloc_items(n, sizeof *p->instrs);
+    if (!p->instrs)
         goto error;
-    }
     for (i = 0; i < n; i++) {
         PyObject *opname, *dt, *cval = NULL;
         const char *name;
@@ -399,11 +411,9 @@ static int parse_region(PyObject *obj, parsed_region *p)
     p->r.n_instrs = (int)n;
 
     n = PySequence_Fast_GET_SIZE(outs);
-    p->outputs = (mf_codegen_output *)PyMem_Calloc((size_t)n + 1, sizeof *p->outputs);
-    if (!p->outputs) {
-        PyErr_NoMemory();
+    p->outputs = calloc_items(n, sizeof *p->outputs);
+    if (!p->outputs)
         goto error;
-    }
     for (i = 0; i < n; i++) {
         int value, guarded;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(outs, i), "ip;output must be (value, guarded)",
@@ -477,16 +487,9 @@ static PyObject *py_codegen_info(PyObject *self, PyObject *noargs)
     dts = PyList_New(0);
     if (!d || !ops || !dts)
         goto error;
-    for (i = 0; i < mf_codegen_op_count(); i++) {
-        PyObject *a = PyLong_FromLong(mf_codegen_op_arity(i));
-        int rc;
-        if (!a)
+    for (i = 0; i < mf_codegen_op_count(); i++)
+        if (set_item_steal(ops, mf_codegen_op_name(i), PyLong_FromLong(mf_codegen_op_arity(i))) < 0)
             goto error;
-        rc = PyDict_SetItemString(ops, mf_codegen_op_name(i), a);
-        Py_DECREF(a);
-        if (rc < 0)
-            goto error;
-    }
     for (i = 0; i < MF_DT_COUNT; i++) {
         PyObject *s = PyUnicode_FromString(mf_codegen_dtype_name(i));
         int rc;
@@ -570,18 +573,9 @@ static PyObject *py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
     if (PyDict_SetItemString(d, "image", img) < 0 ||
         set_item_str(d, "kind", res.is_cubin ? "cubin" : "ptx") < 0 ||
         set_item_str(d, "target", res.target) < 0 || set_item_str(d, "origin", res.origin) < 0 ||
-        set_item_str(d, "log", res.log) < 0)
+        set_item_str(d, "log", res.log) < 0 ||
+        set_item_steal(d, "hash", PyLong_FromUnsignedLongLong((unsigned long long)res.key_hash)) < 0)
         goto error;
-    {
-        PyObject *h = PyLong_FromUnsignedLongLong((unsigned long long)res.key_hash);
-        int hrc;
-        if (!h)
-            goto error;
-        hrc = PyDict_SetItemString(d, "hash", h);
-        Py_DECREF(h);
-        if (hrc < 0)
-            goto error;
-    }
     result = Py_NewRef(d);
 error:
     mf_nvrtc_result_free(&res);
@@ -677,11 +671,7 @@ static PyObject *py_launch(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OiIIOy*", &fn_obj, &device, &grid, &block, &stream_obj, &params))
         goto error;
-    fn = PyLong_AsVoidPtr(fn_obj);
-    if (!fn && PyErr_Occurred())
-        goto error;
-    stream = PyLong_AsVoidPtr(stream_obj);
-    if (!stream && PyErr_Occurred())
+    if (ptr_arg(fn_obj, &fn) < 0 || ptr_arg(stream_obj, &stream) < 0)
         goto error;
     if (!fn || grid == 0 || block == 0) {
         PyErr_SetString(PyExc_ValueError, "cuda_launch: null function or empty grid/block");
@@ -712,6 +702,7 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
 {
     mf_cuda_gemm g;
     PyObject *stream, *ws, *a, *b, *c;
+    void *pa, *pb;
     unsigned long long ws_bytes;
     const char *dtype;
     char err[ERRLEN];
@@ -723,22 +714,12 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
                           &g.ldb, &g.stride_b, &c, &g.ldc, &g.stride_c, &g.batch, &dtype, &g.alpha,
                           &g.beta, &g.allow_tf32))
         return NULL;
-    g.stream = PyLong_AsVoidPtr(stream);
-    if (PyErr_Occurred())
-        return NULL;
-    g.workspace = PyLong_AsVoidPtr(ws);
-    if (PyErr_Occurred())
+    if (ptr_arg(stream, &g.stream) < 0 || ptr_arg(ws, &g.workspace) < 0 || ptr_arg(a, &pa) < 0 ||
+        ptr_arg(b, &pb) < 0 || ptr_arg(c, &g.C) < 0)
         return NULL;
     g.workspace_bytes = (size_t)ws_bytes;
-    g.A = PyLong_AsVoidPtr(a);
-    if (PyErr_Occurred())
-        return NULL;
-    g.B = PyLong_AsVoidPtr(b);
-    if (PyErr_Occurred())
-        return NULL;
-    g.C = PyLong_AsVoidPtr(c);
-    if (PyErr_Occurred())
-        return NULL;
+    g.A = pa;
+    g.B = pb;
     if (strcmp(dtype, "float32") == 0)
         g.dtype = MF_CUDA_R_32F;
     else if (strcmp(dtype, "float16") == 0)

@@ -305,31 +305,16 @@ done:
     return rc;
 }
 
-static PyObject *int32_list(const int32_t *a, Py_ssize_t n)
+/* A list of the n ints a32[0..n) or, when a32 is NULL, a64[0..n); NULL with
+ * an exception set on failure. */
+static PyObject *int_list(const int32_t *a32, const int64_t *a64, Py_ssize_t n)
 {
     PyObject *l = PyList_New(n);
     Py_ssize_t i;
     if (!l)
         return NULL;
     for (i = 0; i < n; i++) {
-        PyObject *v = PyLong_FromLong(a[i]);
-        if (!v) {
-            Py_DECREF(l);
-            return NULL;
-        }
-        PyList_SET_ITEM(l, i, v);
-    }
-    return l;
-}
-
-static PyObject *int64_list(const int64_t *a, Py_ssize_t n)
-{
-    PyObject *l = PyList_New(n);
-    Py_ssize_t i;
-    if (!l)
-        return NULL;
-    for (i = 0; i < n; i++) {
-        PyObject *v = PyLong_FromLongLong(a[i]);
+        PyObject *v = PyLong_FromLongLong(a32 ? (long long)a32[i] : (long long)a64[i]);
         if (!v) {
             Py_DECREF(l);
             return NULL;
@@ -344,12 +329,12 @@ static PyObject *plan_to_dict(const mf_plan_result *r)
 {
     PyObject *d = NULL, *order = NULL, *groups = NULL;
     int32_t g;
-    if (!(order = int32_list(r->order, r->n_ops)))
+    if (!(order = int_list(r->order, NULL, r->n_ops)))
         goto fail;
     if (!(groups = PyList_New(r->n_groups)))
         goto fail;
     for (g = 0; g < r->n_groups; g++) {
-        PyObject *grp = int32_list(r->order + r->group_ptr[g], r->group_ptr[g + 1] - r->group_ptr[g]);
+        PyObject *grp = int_list(r->order + r->group_ptr[g], NULL, r->group_ptr[g + 1] - r->group_ptr[g]);
         if (!grp)
             goto fail;
         PyList_SET_ITEM(groups, g, grp);
@@ -533,7 +518,7 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
         goto done;
     }
     {
-        PyObject *sl = int64_list(steps, n_groups), *ll = int64_list(live, n_groups);
+        PyObject *sl = int_list(NULL, steps, n_groups), *ll = int_list(NULL, live, n_groups);
         if (sl && ll)
             out = Py_BuildValue("(LOO)", (long long)peak, sl, ll);
         Py_XDECREF(sl);
