@@ -67,8 +67,18 @@ install_deps() {
   need=$("$PY" - wheels <<'PYEOF'
 import glob, os, sys
 from importlib import metadata
-# pyproject.toml's SPDX license string needs setuptools >= 77
-MIN_MAJOR = {"setuptools": 77}
+# the floors of lightning-thunder 0.2.6's requirements, and setuptools >= 77 for pyproject.toml's
+# SPDX license string: an older copy on the image is shadowed by the carried wheel
+FLOORS = {"setuptools": (77,), "networkx": (3, 3), "optree": (0, 12, 1), "typing_extensions": (4, 10),
+          "dill": (0, 3, 8), "lightning_utilities": (0, 7), "opt_einsum": (3, 3), "looseversion": (1, 3)}
+def vtuple(v):
+    out = []
+    for part in v.split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 for whl in sorted(glob.glob(os.path.join(sys.argv[1], "*.whl"))):
     name = os.path.basename(whl).split("-")[0]
     try:
@@ -76,8 +86,7 @@ for whl in sorted(glob.glob(os.path.join(sys.argv[1], "*.whl"))):
     except metadata.PackageNotFoundError:
         print(whl)
         continue
-    major = int(have.split(".")[0]) if have.split(".")[0].isdigit() else 0
-    if major < MIN_MAJOR.get(name.lower(), 0):
+    if vtuple(have) < FLOORS.get(name.lower(), ()):
         print(whl)
 PYEOF
 ) || return $?

@@ -342,6 +342,55 @@ def test_gemm_regions_map_arguments_and_fall_back(monkeypatch):
     torch.testing.assert_close(region(*args)[0], out)  # CPU tensors: the fallback
 
 
+def test_region_kernel_failures_fall_back(monkeypatch):
+    """executor.make_region_callable: a kernel that fails on its first call (NVRTC, module
+    load, launch) sends the region to the fallback for good; a later failure only that call;
+    NotImplementedError only that call, silently under backend="auto"."""
+    from thunder_memfuse import executor, kernels
+
+    x = torch.randn(5)
+    jf = thunder.jit(lambda t: (t.sin() + 1).cos())
+    expected = jf(x)
+    trace = thunder.last_traces(jf)[-1]
+    body = [b for b in trace.bound_symbols if b.sym.name in ("sin", "add", "cos")]
+    assert len(body) == 3
+    outputs = list(body[-1].flat_proxy_outs)
+    monkeypatch.setattr(executor, "_all_cuda", lambda args: True)
+
+    def region_with(script):
+        calls = []
+
+        def kernel(*args):
+            calls.append(len(calls))
+            what = script[min(len(calls) - 1, len(script) - 1)]
+            if what == "ok":
+                return [(args[0].sin() + 1).cos()]
+            raise what
+
+        monkeypatch.setattr(kernels, "build_cuda_region", lambda *a: kernel)
+        return executor.make_region_callable("MemFuseT", body, [trace.args[0]], outputs), calls
+
+    run, calls = region_with([RuntimeError("nvrtc said no")])
+    with pytest.warns(RuntimeWarning, match="nvrtc said no"):
+        torch.testing.assert_close(run(x)[0], expected)
+    torch.testing.assert_close(run(x)[0], expected)
+    assert calls == [0]  # never tried again
+
+    run, calls = region_with(["ok", RuntimeError("launch failed"), "ok"])
+    torch.testing.assert_close(run(x)[0], expected)
+    with pytest.warns(RuntimeWarning, match="launch failed"):
+        torch.testing.assert_close(run(x)[0], expected)
+    torch.testing.assert_close(run(x)[0], expected)
+    assert calls == [0, 1, 2]  # after a success, a failure costs only its own call
+
+    run, calls = region_with([NotImplementedError("odd strides"), "ok"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(run(x)[0], expected)
+        torch.testing.assert_close(run(x)[0], expected)
+    assert calls == [0, 1]
+
+
 def _arg_name(bsym, proxy):
     # linear(x, w, b): map the proxy back to the Python argument it traced
     pos = [a.name for a in bsym.args].index(proxy.name)

@@ -94,26 +94,44 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
 
             return build_cuda_region(bsyms, inputs, outputs)
 
-    state = {"kernel": None, "failed": False}
+    # "proven": the kernel has run once.  Building only lowers a region; NVRTC, the module load
+    # and the launch happen on the first call, so any error there also sends the region to the
+    # fallback, for good (regions are pure: running them again is safe); an error after a first
+    # success sends only that call there.  NotImplementedError is a case one call's arguments fall
+    # outside of: that call falls back, the next tries again.
+    state = {"kernel": None, "failed": False, "proven": False}
+
+    def give_up(e, args):
+        state["failed"] = True
+        if backend == "cuda" or not isinstance(e, NotImplementedError):  # unsupported: expected
+            warnings.warn(f"memfuse: region {name} runs on the fallback path: {type(e).__name__}: {e}",
+                          RuntimeWarning)
+        return fallback(*args)
 
     def run(*args):
-        if not state["failed"] and _all_cuda(args):
-            kernel = state["kernel"]
-            if kernel is None:
-                try:
-                    kernel = state["kernel"] = build()
-                except Exception as e:  # unsupported or failed to compile: fall back, once
-                    state["failed"] = True
-                    if backend == "cuda":
-                        warnings.warn(f"memfuse: region {name} runs on the fallback path: {e}", RuntimeWarning)
-                    return fallback(*args)
+        if state["failed"] or not _all_cuda(args):
+            return fallback(*args)
+        kernel = state["kernel"]
+        if kernel is None:
             try:
-                return kernel(*args)
-            except NotImplementedError as e:  # a case the kernel does not cover (shape, dtype)
-                if backend == "cuda":
-                    warnings.warn(f"memfuse: region {name} runs on the fallback path: {e}", RuntimeWarning)
-                return fallback(*args)
-        return fallback(*args)
+                kernel = state["kernel"] = build()
+            except Exception as e:  # unsupported or failed to build
+                return give_up(e, args)
+        try:
+            out = kernel(*args)
+        except NotImplementedError as e:  # a case the kernel does not cover (shape, dtype)
+            if backend == "cuda":
+                warnings.warn(f"memfuse: region {name} runs on the fallback path: {e}", RuntimeWarning)
+            return fallback(*args)
+        except Exception as e:  # compile, load or launch failed
+            if not state["proven"]:  # on the first call: the kernel path is broken
+                return give_up(e, args)
+            # later (a new stride pattern's variant, say): this call only
+            warnings.warn(f"memfuse: region {name} call runs on the fallback path: {type(e).__name__}: {e}",
+                          RuntimeWarning)
+            return fallback(*args)
+        state["proven"] = True
+        return out
 
     run.__name__ = name
     run.__qualname__ = name

@@ -718,11 +718,27 @@ _workspaces: dict = {}
 _ws_lock = threading.Lock()
 
 
+def _tf32_allowed() -> bool:
+    """torch's setting for fp32 matmuls.  Reading the legacy allow_tf32 flag raises once a
+    program has used the newer fp32_precision API (torch >= 2.9): then ask that one."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:
+        return getattr(matmul, "fp32_precision", "ieee") == "tf32"
+
+
 def _workspace(device, stream: int):
     """A PyTorch-allocated cuBLAS workspace per (device, stream) (NOTE [cublas workspace])."""
     import torch
 
-    nbytes = int(os.environ.get("THUNDER_MEMFUSE_CUBLAS_WORKSPACE", str(4 * 1024 * 1024)))
+    default = 4 << 20
+    if device.type == "cuda":  # Hopper and later: cuBLAS's larger-tile kernels want 32 MiB
+        arch, _ = _device_info(device.index if device.index is not None else torch.cuda.current_device())
+        default = (32 << 20) if arch >= 90 else default
+    nbytes = int(os.environ.get("THUNDER_MEMFUSE_CUBLAS_WORKSPACE", str(default)))
     if nbytes <= 0:
         return 0, 0
     key = (device, stream)
@@ -791,7 +807,7 @@ def _gemm(a, b, out, *, beta=0.0):
     stream = torch.cuda.current_stream(out.device).cuda_stream
     ws, ws_bytes = _workspace(out.device, stream)
     dt = _torch_dtype_name(out.dtype)
-    allow_tf32 = dt == "float32" and bool(torch.backends.cuda.matmul.allow_tf32)
+    allow_tf32 = dt == "float32" and _tf32_allowed()
     _ensure_loader()
     _C.cublas_gemm(dev, stream, ws, ws_bytes, transa, transb, n, m, k,
                    b.data_ptr(), ldb, sb, a.data_ptr(), lda, sa, out.data_ptr(), n, m * n,
@@ -852,6 +868,8 @@ def cuda_linear(x, w, bias=None):
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
         raise NotImplementedError("linear: bias must be 1-D of out_features")
     n_in, n_out = w.shape[1], w.shape[0]
+    if n_in == 0:
+        raise NotImplementedError("linear: zero in_features")
     x2 = x.reshape(-1, n_in)
     M = x2.shape[0]
     out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
