@@ -426,8 +426,15 @@ int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_
     return rc;
 }
 
-/* Lock held, driver loaded. */
-static int use_device_locked(int device, mf_CUdevice *dev_out, char *err, size_t errlen)
+/* NOTE [current context]: the driver calls below need device's primary
+ * context (PyTorch's) current on this thread.  The thread's current context
+ * is what the runtime reports as the current device, so PyTorch would follow
+ * a switch we leave behind: every entry point saves the context that was
+ * current (*prev) and puts it back (restore_locked) before it returns.  With
+ * one GPU, or when PyTorch already made that device current, nothing changes.
+ *
+ * Lock held, driver loaded. */
+static int use_device_locked(int device, mf_CUdevice *dev_out, mf_CUcontext *prev, char *err, size_t errlen)
 {
     mf_CUresult r;
     mf_CUdevice dev;
@@ -464,32 +471,30 @@ static int use_device_locked(int device, mf_CUdevice *dev_out, char *err, size_t
             return MF_CUDA_EDRIVER;
         }
     }
+    *prev = cur;
     if (dev_out)
         *dev_out = dev;
     return MF_CUDA_OK;
 }
 
-int mf_cuda_use_device(int device, char *err, size_t errlen)
+/* Put back the context use_device_locked found (NOTE [current context]). */
+static void restore_locked(int device, mf_CUcontext prev)
 {
-    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
-    if (rc != MF_CUDA_OK)
-        return rc;
-    mf_cuda_lock();
-    rc = use_device_locked(device, NULL, err, errlen);
-    mf_cuda_unlock();
-    return rc;
+    if (prev != g_ctx[device])
+        (void)g_driver.cuCtxSetCurrent(prev);
 }
 
 int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen)
 {
     mf_CUdevice dev;
+    mf_CUcontext prev = NULL;
     int major = 0, minor = 0, sms = 0;
     mf_CUresult r;
     int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
     mf_cuda_lock();
-    rc = use_device_locked(device, &dev, err, errlen);
+    rc = use_device_locked(device, &dev, &prev, err, errlen);
     if (rc == MF_CUDA_OK) {
         r = g_driver.cuDeviceGetAttribute(&major, MF_CU_ATTR_CC_MAJOR, dev);
         if (r == 0)
@@ -500,6 +505,7 @@ int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t 
             cu_err(r, "cuDeviceGetAttribute", err, errlen);
             rc = MF_CUDA_EDRIVER;
         }
+        restore_locked(device, prev);
     }
     mf_cuda_unlock();
     if (rc == MF_CUDA_OK) {
@@ -514,12 +520,13 @@ int mf_cuda_load_function(int device, const void *image, const char *name,
                           mf_CUfunction *fn_out, char *err, size_t errlen)
 {
     mf_CUmodule mod = NULL;
+    mf_CUcontext prev = NULL;
     mf_CUresult r;
     int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
     mf_cuda_lock();
-    rc = use_device_locked(device, NULL, err, errlen);
+    rc = use_device_locked(device, NULL, &prev, err, errlen);
     if (rc == MF_CUDA_OK) {
         r = g_driver.cuModuleLoadData(&mod, image);
         if (r != 0) {
@@ -532,6 +539,7 @@ int mf_cuda_load_function(int device, const void *image, const char *name,
                 rc = MF_CUDA_EDRIVER;
             }
         }
+        restore_locked(device, prev);
     }
     mf_cuda_unlock();
     return rc;
@@ -541,17 +549,24 @@ int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int
                    mf_CUstream stream, void *params, char *err, size_t errlen)
 {
     void *kernel_params[1];
+    mf_CUcontext prev = NULL;
     mf_CUresult r;
-    int rc = mf_cuda_use_device(device, err, errlen);
+    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
-    kernel_params[0] = params;
-    r = g_driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, kernel_params, NULL);
-    if (r != 0) {
-        cu_err(r, "cuLaunchKernel", err, errlen);
-        return MF_CUDA_EDRIVER;
+    mf_cuda_lock();
+    rc = use_device_locked(device, NULL, &prev, err, errlen);
+    if (rc == MF_CUDA_OK) {
+        kernel_params[0] = params;
+        r = g_driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, kernel_params, NULL);
+        if (r != 0) {
+            cu_err(r, "cuLaunchKernel", err, errlen);
+            rc = MF_CUDA_EDRIVER;
+        }
+        restore_locked(device, prev);
     }
-    return MF_CUDA_OK;
+    mf_cuda_unlock();
+    return rc;
 }
 
 /* ---- cuBLAS ---------------------------------------------------------------- */
@@ -581,6 +596,7 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
     float alpha32 = (float)g->alpha, beta32 = (float)g->beta;
     const void *alpha, *beta;
     mf_cublasHandle h;
+    mf_CUcontext prev = NULL;
 
     switch (g->dtype) {
     case MF_CUDA_R_32F:
@@ -617,9 +633,9 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
     /* The handle is shared per device: set stream, workspace and run under
      * the lock so two threads never interleave on it. */
     mf_cuda_lock();
-    rc = use_device_locked(g->device, NULL, err, errlen);
+    rc = use_device_locked(g->device, NULL, &prev, err, errlen);
     if (rc != MF_CUDA_OK)
-        goto done;
+        goto unlock;
     if (!g_cublas_handle[g->device]) {
         s = g_cublas.cublasCreate(&g_cublas_handle[g->device]);
         if (s != 0) {
@@ -661,6 +677,8 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
         rc = MF_CUDA_ECUBLAS;
     }
 done:
+    restore_locked(g->device, prev);
+unlock:
     mf_cuda_unlock();
     return rc;
 }

@@ -200,9 +200,9 @@ void mf_cuda_unlock(void);
 /* ---- driver helpers (load the driver on demand) ------------------------- */
 /* cuInit + versions; device_count is 0 when the driver loads but has no GPU. */
 int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_t errlen);
-/* Make device's primary context current on this thread (PyTorch uses the
- * primary context, so kernels and cuBLAS see PyTorch's memory). */
-int mf_cuda_use_device(int device, char *err, size_t errlen);
+/* Each function below runs in device's primary context, the one PyTorch uses
+ * (so kernels and cuBLAS see PyTorch's memory), and leaves the thread's
+ * current context as it found it (mf_cuda.c NOTE [current context]). */
 /* Compute capability as major*10+minor, and the SM count. */
 int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen);
 /* Load a module image (cubin or NUL-terminated PTX) into device's primary
