@@ -80,6 +80,60 @@ def test_fusion_grouping_is_least_peak_then_fewest_groups():
         assert (p.peak_bytes, len(p.groups)) == best
 
 
+def test_epilogue_pairs_against_every_grouping():
+    """mf_fuse.c NOTE [epilogue pairs]: with pairs (v, u) allowed, the grouping is still the
+    least peak, then fewest groups, over runs of fusible ops and valid pairs."""
+    rng = random.Random(11)
+    formed = 0
+    for _ in range(300):
+        spec = random_graph(rng, max_ops=7)
+        g = Graph(**spec)
+        n = len(spec["ops"])
+        cands = [(v, g.producer[x]) for v, (ins, _) in enumerate(spec["ops"]) for x in ins
+                 if x in g.producer and g.producer[x] != v]
+        epilogues = dict(rng.sample(cands, min(len(cands), 2)))  # v -> u, one head per v
+        p = tm.plan(**spec, epilogues=sorted(epilogues.items()))
+        order = p.order
+        st = g.storages()
+
+        def pair_ok(grp):
+            u, v = grp
+            return epilogues.get(v) == u and all(
+                not s["output"] and s["readers"] <= {v} for s in st.values() if s["counted"] and s["producer"] == u)
+
+        best = None
+        for cuts in range(1 << max(n - 1, 0)):
+            groups, cur = [], [order[0]]
+            for j in range(1, n):
+                if (cuts >> (j - 1)) & 1:
+                    groups.append(cur)
+                    cur = [order[j]]
+                else:
+                    cur.append(order[j])
+            groups.append(cur)
+            if any(len(gr) > 1 and not all(spec["fusible"][k] for k in gr) and not (len(gr) == 2 and pair_ok(gr))
+                   for gr in groups):
+                continue
+            key = (g.simulate(order, groups), len(groups))
+            best = key if best is None or key < best else best
+        assert (p.peak_bytes, len(p.groups)) == best
+        assert p.peak_bytes <= p.unfused_peak_bytes
+        formed += sum(1 for gr in p.groups if len(gr) == 2 and not all(spec["fusible"][k] for k in gr))
+    assert formed > 0  # some pairs of a non-fusible head were formed
+
+
+def test_epilogue_pair_skips_the_pre_activation():
+    # x -> u (gemm, 400 B result) -> v (relu) -> w: as a pair, u's result is never materialized
+    ops, vb = [([0], [1]), ([1], [2]), ([2], [3])], [100, 400, 100, 100]
+    kw = dict(graph_inputs=[0], graph_outputs=[3], fusible=[False, True, False])
+    p = tm.plan(ops, vb, **kw, epilogues=[(1, 0)])
+    assert p.groups == [[0, 1], [2]] and p.peak_bytes == 200 and p.unfused_peak_bytes == 500
+    assert tm.plan(ops, vb, **kw).peak_bytes == 500
+    assert tm.plan(ops, vb, **kw, epilogues=[(1, 0)], fuse=False).groups == [[0], [1], [2]]
+    kw["graph_outputs"] = [1, 3]  # the kernel would have to write u's result too
+    assert tm.plan(ops, vb, **kw, epilogues=[(1, 0)]).groups == [[0], [1], [2]]
+
+
 def test_simulate_matches_reference():
     rng = random.Random(5)
     for _ in range(200):
@@ -148,6 +202,8 @@ def test_max_states_cap_still_returns_a_valid_plan():
         (dict(ops=[([], [0])], value_bytes=[-4]), ValueError, "value_bytes[0]"),
         (dict(ops=[([], [0]), ([], [1])], value_bytes=[1, 1], after=[(0, 1), (1, 0)]), ValueError, "cycle"),
         (dict(ops=[([], [0])], value_bytes=[1], after=[(0, 0)]), ValueError, "cycle"),
+        (dict(ops=[([], [0])], value_bytes=[1], epilogues=[(0, 0)]), ValueError, "own epilogue"),
+        (dict(ops=[([], [0])], value_bytes=[1], epilogues=[(0, 3)]), ValueError, "epilogues[0][1]"),
         (dict(ops=[([], [0])], value_bytes=["4"]), TypeError, "value_bytes[0]"),
         (dict(ops=[(["a"], [0])], value_bytes=[4]), TypeError, "ops[0][0] (inputs)[0]"),
         (dict(ops=[3], value_bytes=[4]), TypeError, "ops[0]"),

@@ -31,18 +31,21 @@ class Plan:
 
 
 def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(),
-         max_states=None, fuse=True) -> Plan:
+         max_states=None, fuse=True, epilogues=()) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
     value_bytes: byte size per value id.  Every value is produced by exactly
     one op or listed in graph_inputs.  aliases: pairs (view, base), the view
     shares the base's storage.  fusible: one bool per op (default: nothing
-    fusible).  after: pairs (a, b): op a must run before op b.
+    fusible).  after: pairs (a, b): op a must run before op b.  epilogues:
+    pairs (v, u): op v may run fused into op u as its epilogue, a group [u, v]
+    (a GEMM writing relu of its result, say), when the order puts v right
+    after u and u's outputs are read by v alone and are not graph outputs.
     Bad input raises ValueError or TypeError naming the problem.
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
-                fusible=fusible, after=after, max_states=max_states, fuse=fuse)
+                fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues)
     return Plan(**d)
 
 

@@ -81,6 +81,12 @@ typedef struct mf_graph_desc {
     const uint8_t *fusible;     /* n_ops; may be NULL (nothing fusible) */
     int32_t n_after;            /* ordering edges: op after[2i] runs before after[2i+1] */
     const int32_t *after;
+    /* n_ops; may be NULL.  epilogue_of[v] = u (else -1): v may run fused
+     * into u as its epilogue, a group of exactly [u, v] (u's kernel applies
+     * v on its output as it writes it: a GEMM with a ReLU epilogue, say).
+     * Such a group needs v right after u in the order and u's outputs read
+     * by v alone, never graph outputs (NOTE [epilogue pairs], mf_fuse.c). */
+    const int32_t *epilogue_of;
 } mf_graph_desc;
 
 /* Validate: ids in range, each value produced by exactly one op or a graph
@@ -131,7 +137,7 @@ typedef struct mf_plan_result {
 /* Plan: the order with the least unfused peak (the input order 0..n-1 is
  * always a candidate when it is valid, so the result is never worse), then
  * fusion grouping on that order: the least peak over groupings (runs of
- * consecutive fusible ops; fusing can lower the peak because inner values are
+ * consecutive fusible ops, and epilogue pairs; fusing can lower the peak because inner values are
  * never materialized, and can raise it because inputs stay alive until the
  * whole kernel ends), and among groupings at that peak the fewest groups.
  * So peak_bytes <= unfused_peak_bytes.  baseline_peak_bytes is the simulated

@@ -1,8 +1,8 @@
 /*
  * mf_fuse.c -- fusion grouping on a fixed valid order.
  *
- * Groups are intervals of consecutive ops: a single op, or two or more
- * fusible ops.  Frees happen only at group ends, so the live bytes at a group
+ * Groups are intervals of consecutive ops: a single op, two or more fusible
+ * ops, or an epilogue pair (NOTE [epilogue pairs]).  Frees happen only at group ends, so the live bytes at a group
  * boundary i depend on i alone:
  *   L(i) = bytes of storages allocated before i that are graph outputs or
  *          have a reader at position >= i,
@@ -14,6 +14,17 @@
  * group" means "read at >= j").  Two DPs over positions:
  *   g(j) = min_i max(g(i), cost(i, j))          -> least peak P = g(n)
  *   h(j) = min_i h(i) + 1  over cost(i, j) <= P -> fewest groups at peak P.
+ *
+ * NOTE [epilogue pairs]
+ * Besides runs of fusible ops, a group may be an epilogue pair [u, v]:
+ * epilogue_of[v] == u, v at the position right after u, and every storage u
+ * allocates read by nobody after v and not a graph output (the fused kernel,
+ * a GEMM writing relu(A @ B) say, never writes u's own result).  Its cost is
+ * the fused rule's, which then counts v's outputs only.  A pair is one more
+ * candidate interval of length 2 in both DPs, so the grouping stays the
+ * least-peak, fewest-groups one over the larger set of groupings.  The order
+ * is planned without knowing about pairs (the unfused model), so a pair is
+ * formed only where the planned order already puts v right after u.
  *
  * NOTE [group length cap]
  * A fused group holds at most MF_FUSE_MAX_GROUP (512) ops, which keeps both
@@ -51,6 +62,22 @@ static int64_t fused_allocs(const fuse_ws *w, int32_t p, int32_t j)
     return sum;
 }
 
+/* Can [i, i + 2) be an epilogue pair (NOTE [epilogue pairs])? */
+static int epilogue_pair(const fuse_ws *w, int32_t i)
+{
+    const mf_pg *pg = w->pg;
+    int32_t u, q;
+    if (i + 2 > w->n || pg->epi[w->order[i + 1]] != w->order[i])
+        return 0;
+    u = w->order[i];
+    for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++) {
+        int32_t s = pg->oalloc[q];
+        if (pg->sout[s] || w->lastpos[s] > i + 1)
+            return 0;
+    }
+    return 1;
+}
+
 /* One DP pass.  mode 0: minimize the peak (val = g); mode 1: minimize the
  * group count with every cost <= cap (val = h). */
 static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32_t *parent)
@@ -71,6 +98,14 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         if (cand < val[i + 1]) {
             val[i + 1] = cand;
             parent[i + 1] = i;
+        }
+        if (w->maxlen >= 2 && epilogue_pair(w, i)) {
+            c = w->L[i] + fused_allocs(w, i + 1, i + 2); /* u's storages: none outlive the pair */
+            cand = mode == 0 ? (c > base ? c : base) : (c <= cap ? base + 1 : INF64);
+            if (cand < val[i + 2]) {
+                val[i + 2] = cand;
+                parent[i + 2] = i;
+            }
         }
         if (!pg->fusible[w->order[i]] || w->maxlen < 2)
             continue;

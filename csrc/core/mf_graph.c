@@ -258,6 +258,11 @@ static int check_body(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g)
         return mf_set_error(ctx, MF_EINVAL, "value_bytes is NULL");
     if (g->n_after > 0 && !g->after)
         return mf_set_error(ctx, MF_EINVAL, "after is NULL");
+    if (g->epilogue_of)
+        for (k = 0; k < n; k++)
+            if (g->epilogue_of[k] < -1 || g->epilogue_of[k] >= n || g->epilogue_of[k] == k)
+                return mf_set_error(ctx, MF_EINVAL, "op %d: epilogue_of %d is not another op in [0, %d)",
+                                    (int)k, (int)g->epilogue_of[k], (int)n);
 
     for (k = 0; k < n; k++) {
         for (j = g->in_ptr[k]; j < g->in_ptr[k + 1]; j++)
@@ -371,7 +376,9 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
     pg->abytes = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
     pg->oplb = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
     pg->fusible = (uint8_t *)mf_arena_array(ctx, a, (size_t)n + 1, 1);
-    if (!root || !stack || !stamp || !pg->prod || !pg->sid || !pg->abytes || !pg->oplb || !pg->fusible)
+    pg->epi = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    if (!root || !stack || !stamp || !pg->prod || !pg->sid || !pg->abytes || !pg->oplb || !pg->fusible ||
+        !pg->epi)
         return MF_ENOMEM;
 
     /* alias roots, memoized (chains are acyclic: checked) */
@@ -484,6 +491,7 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
         pg->abytes[k] = ab;
         pg->oplb[k] = lb;
         pg->fusible[k] = (uint8_t)(g->fusible && g->fusible[k]);
+        pg->epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
     }
     st = csr_transpose(ctx, a, n, pg->oread_ptr, pg->oread, pg->ns, &pg->sread_ptr, &pg->sread);
     if (st)

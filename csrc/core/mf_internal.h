@@ -55,6 +55,7 @@ typedef struct mf_pg {
     int64_t *abytes; /* n: bytes of storages allocated by the op */
     int64_t *oplb;   /* n: bytes of distinct storages read or allocated */
     uint8_t *fusible; /* n */
+    int32_t *epi;     /* n: epilogue_of, or -1 (mf_core.h) */
     int64_t outbytes; /* bytes of all output storages */
 } mf_pg;
 

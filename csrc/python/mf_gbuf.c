@@ -44,6 +44,7 @@ void mf_gbuf_free(mf_gbuf *b)
     PyMem_RawFree(b->is_input);
     PyMem_RawFree(b->is_output);
     PyMem_RawFree(b->after);
+    PyMem_RawFree(b->epilogue_of);
     memset(b, 0, sizeof *b);
 }
 
@@ -148,6 +149,24 @@ int mf_gbuf_end_op(mf_gbuf *b)
     return 0;
 }
 
+int mf_gbuf_set_epilogue(mf_gbuf *b, int32_t v, int32_t u)
+{
+    int32_t k;
+    if (b->nomem)
+        return -1;
+    if (!b->epilogue_of) {
+        b->epilogue_of = (int32_t *)PyMem_RawMalloc(sizeof(int32_t) * ((size_t)b->n_ops + 1));
+        if (!b->epilogue_of)
+            return fail(b);
+        b->n_epi = b->n_ops;
+        for (k = 0; k < b->n_ops; k++)
+            b->epilogue_of[k] = -1;
+    }
+    if (v >= 0 && v < b->n_epi)
+        b->epilogue_of[v] = u;
+    return 0;
+}
+
 int mf_gbuf_after(mf_gbuf *b, int32_t a, int32_t c)
 {
     if (b->nomem || grow((void **)&b->after, &b->cap_after, 2 * b->n_after + 2, sizeof(int32_t), 0) < 0)
@@ -175,4 +194,5 @@ void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d)
     d->fusible = b->fusible;
     d->n_after = b->n_after;
     d->after = b->after;
+    d->epilogue_of = b->n_epi == b->n_ops ? b->epilogue_of : NULL;
 }

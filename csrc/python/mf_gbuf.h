@@ -26,6 +26,8 @@ typedef struct mf_gbuf {
     uint8_t *is_input, *is_output;
     int32_t *after;                  /* pairs */
     int32_t n_after, cap_after;
+    int32_t *epilogue_of;            /* n_epi entries, -1 or the head op; NULL: none set */
+    int32_t n_epi;
     int nomem;                       /* sticky: an allocation failed */
 } mf_gbuf;
 
@@ -38,6 +40,9 @@ int mf_gbuf_op_in(mf_gbuf *b, int32_t v);
 int mf_gbuf_op_out(mf_gbuf *b, int32_t v);
 int mf_gbuf_end_op(mf_gbuf *b);
 int mf_gbuf_after(mf_gbuf *b, int32_t a, int32_t c);
+/* Op v may run as the epilogue of op u (mf_core.h epilogue_of).  Call after
+ * the last op is added; ops are not range-checked here (mf_graph_check does). */
+int mf_gbuf_set_epilogue(mf_gbuf *b, int32_t v, int32_t u);
 void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d);
 
 #endif /* MF_GBUF_H */

@@ -191,6 +191,19 @@ static int sink_alias(mf_gbuf *b, int32_t view, int32_t base, const char *what)
     return 0;
 }
 
+static int sink_epilogue(mf_gbuf *b, int32_t v, int32_t u, const char *what)
+{
+    if (v == u) {
+        PyErr_Format(PyExc_ValueError, "%s: op %d cannot be its own epilogue", what, (int)v);
+        return -1;
+    }
+    if (mf_gbuf_set_epilogue(b, v, u) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 static int sink_after(mf_gbuf *b, int32_t x, int32_t y, const char *what)
 {
     (void)what;
@@ -203,7 +216,8 @@ static int sink_after(mf_gbuf *b, int32_t x, int32_t y, const char *what)
 
 /* Build the graph from plan()/simulate() arguments.  0 or -1 (exception). */
 static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObject *graph_inputs,
-                       PyObject *graph_outputs, PyObject *aliases, PyObject *fusible, PyObject *after)
+                       PyObject *graph_outputs, PyObject *aliases, PyObject *fusible, PyObject *after,
+                       PyObject *epilogues)
 {
     PyObject *ops_seq = NULL, *vb_seq = NULL, *fu_seq = NULL;
     Py_ssize_t n_ops, n_values, i;
@@ -297,6 +311,8 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
     }
     if (each_pair(after, (int32_t)n_ops, "after", b, sink_after) < 0)
         goto done;
+    if (epilogues && each_pair(epilogues, (int32_t)n_ops, "epilogues", b, sink_epilogue) < 0)
+        goto done;
     rc = 0;
 done:
     Py_XDECREF(ops_seq);
@@ -383,16 +399,17 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
 static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
-                             "fusible", "after",    "max_states",   "fuse",          NULL};
+                             "fusible", "after",    "max_states",   "fuse",          "epilogues", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
+    PyObject *ep = NULL;
     PyObject *empty = NULL, *out = NULL;
     int fuse = 1;
     long long max_states = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
-                                     &ms, &fuse))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
+                                     &ms, &fuse, &ep))
         return NULL;
     if (ms != Py_None) {
         if (PyBool_Check(ms) || !PyLong_Check(ms)) {
@@ -410,7 +427,8 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     if (!(empty = PyTuple_New(0)))
         return NULL;
     mf_gbuf_init(&b);
-    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty) == 0)
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
+                    ep) == 0)
         out = mf_py_run_plan(&b, max_states, fuse);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
@@ -440,7 +458,7 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     mf_gbuf_init(&b);
     mf_py_ctx_init(&ctx);
-    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, Py_None, empty) < 0)
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, Py_None, empty, NULL) < 0)
         goto done;
     mf_gbuf_desc(&b, &desc);
     if ((st = mf_graph_check(&ctx, &desc)) != MF_OK) {
@@ -538,7 +556,7 @@ done:
 static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(), "
-     "max_states=None, fuse=True) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
+     "max_states=None, fuse=True, epilogues=()) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()) -> "
      "(peak, step_bytes, live_after)\n\nScore a schedule with the core's cost model."},

@@ -182,6 +182,7 @@ static void tg_after(tg *g, int a, int b)
 static mf_graph_desc tg_desc(const tg *g)
 {
     mf_graph_desc d;
+    memset(&d, 0, sizeof d);
     d.n_ops = g->n_ops;
     d.n_values = g->n_values;
     d.in_ptr = g->in_ptr;
@@ -1211,6 +1212,58 @@ static void test_fusion_plan(void)
     tg_free(&g);
 }
 
+/* NOTE [epilogue pairs]: u (a GEMM, not fusible) with a big result read only
+ * by v (a ReLU) pairs with v, so u's result is never materialized. */
+static void test_epilogue_pairs(void)
+{
+    tg g;
+    mf_graph_desc d;
+    mf_ctx ctx;
+    mf_plan_result res;
+    mf_plan_options unfused = {0, 0};
+    int32_t epi[3] = {-1, 0, -1};
+    int x, a, b, c;
+    int64_t sim;
+    tg_init(&g);
+    x = tg_value(&g, 100, 1, -1, 0);
+    a = tg_value(&g, 400, 0, -1, 0);
+    b = tg_value(&g, 100, 0, -1, 0);
+    c = tg_value(&g, 100, 0, -1, 1);
+    tg_op(&g, &x, 1, &a, 1, 0); /* u = gemm */
+    tg_op(&g, &a, 1, &b, 1, 1); /* v = relu */
+    tg_op(&g, &b, 1, &c, 1, 0); /* w */
+    d = tg_desc(&g);
+    d.epilogue_of = epi;
+    mf_ctx_init(&ctx, NULL);
+    CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK, "%s", ctx.err);
+    /* unfused: u 400, v 400 + 100, w 100 + 100 -> 500; [u, v] 100, w 200 -> 200 */
+    CHECK(res.unfused_peak_bytes == 500 && res.peak_bytes == 200 && res.n_groups == 2 &&
+              res.group_ptr[1] == 2,
+          "epilogue pair %lld %d", (long long)res.peak_bytes, (int)res.n_groups);
+    CHECK(mf_simulate(&ctx, &d, res.order, res.group_ptr, res.n_groups, &sim, NULL, NULL) == MF_OK &&
+              sim == res.peak_bytes,
+          "epilogue pair simulated %lld", (long long)sim);
+    mf_plan_result_free(&ctx, &res);
+    CHECK(mf_plan(&ctx, &d, &unfused, &res) == MF_OK && res.n_groups == 3 && res.peak_bytes == 500,
+          "fuse=0 forms no pair: %d", (int)res.n_groups);
+    mf_plan_result_free(&ctx, &res);
+    /* u's result is a graph output: the kernel would have to write it, no pair */
+    g.is_output[a] = 1;
+    CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK && res.n_groups == 3, "output blocks the pair: %d",
+          (int)res.n_groups);
+    mf_plan_result_free(&ctx, &res);
+    g.is_output[a] = 0;
+    /* not v's producer's epilogue: only the named u pairs */
+    epi[1] = 2;
+    CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK && res.n_groups == 3, "wrong head: %d", (int)res.n_groups);
+    mf_plan_result_free(&ctx, &res);
+    epi[1] = 1;
+    CHECK(mf_graph_check(&ctx, &d) == MF_EINVAL && strstr(ctx.err, "epilogue_of"), "self epilogue: %s", ctx.err);
+    epi[1] = 3;
+    CHECK(mf_graph_check(&ctx, &d) == MF_EINVAL && strstr(ctx.err, "epilogue_of"), "range: %s", ctx.err);
+    tg_free(&g);
+}
+
 /* ---- error messages ---- */
 
 static void expect_err(const tg *g, int status, const char *needle)
@@ -1557,6 +1610,7 @@ int main(int argc, char **argv)
     int full = argc > 1 && !strcmp(argv[1], "--full");
     test_simulator();
     test_fusion_plan();
+    test_epilogue_pairs();
     test_errors();
     test_seed();
     test_random_small();
