@@ -391,6 +391,61 @@ def test_region_kernel_failures_fall_back(monkeypatch):
     assert calls == [0, 1]
 
 
+def test_epilogue_regions_gemm_relu(monkeypatch):
+    """executor.py NOTE [epilogue regions]: with regions on, a matmul/linear whose result only
+    a ReLU reads becomes one region [gemm, relu]; it runs on the fallback on CPU, and its
+    kernel path hands the GEMM's arguments, in the bound symbol's order, to the cuBLASLt call."""
+    from thunder_memfuse import executor, kernels
+
+    def f(x, w, b, a):
+        h = torch.relu(torch.nn.functional.linear(x, w, b))
+        g = torch.relu(h @ a)
+        return torch.sigmoid(h @ a + 1) + g  # this h @ a is also read by add: no pair
+
+    x, w, b, a = torch.randn(6, 4), torch.randn(5, 4), torch.randn(5), torch.randn(5, 5)
+    jf = thunder.jit(f, transforms=[MemFuse(fuse=True)])
+    torch.testing.assert_close(jf(x, w, b, a), f(x, w, b, a))
+    final = thunder.last_traces(jf)[-1]
+    pairs = {b_.sym.name: [s.sym.name for s in b_.subsymbols] for b_ in final.bound_symbols
+             if b_.sym.name.startswith("MemFuse") and len(b_.subsymbols) == 2}
+    kinds = sorted(tuple(v) for v in pairs.values())
+    assert ("linear", "relu") in kinds and ("matmul", "relu") in kinds
+
+    # the kernel path, with the cuBLASLt calls stood in for
+    calls = []
+    monkeypatch.setattr(executor, "_all_cuda", lambda args: True)
+    monkeypatch.setattr(kernels, "cuda_linear_act",
+                        lambda *a, act: calls.append(("linear", a, act)) or torch.relu(
+                            torch.nn.functional.linear(*a)), raising=False)
+    region = next(b_ for b_ in final.bound_symbols if [s.sym.name for s in b_.subsymbols] == ["linear", "relu"])
+    inputs = sorted(region.args, key=lambda p: p.name, reverse=True)
+    run = executor.make_region_callable("MemFuseT", list(region.subsymbols), inputs, list(region.output))
+    vals = {region.subsymbols[0].args[i].name: v for i, v in enumerate((x, w, b))}
+    (out,) = run(*[vals[p.name] for p in inputs])
+    torch.testing.assert_close(out, torch.relu(torch.nn.functional.linear(x, w, b)))
+    assert len(calls) == 1 and calls[0][2] == "relu"
+    assert calls[0][1][0] is x and calls[0][1][1] is w and calls[0][1][2] is b
+
+
+def test_epilogue_pair_predicate():
+    from thunder_memfuse.executor import epilogue_pair
+
+    def f(x, w):
+        y = x @ w
+        return torch.relu(y), torch.nn.functional.gelu(x @ w), torch.relu(x.double() @ w.double())
+
+    x, w = torch.randn(3, 3), torch.randn(3, 3)
+    jf = thunder.jit(f)
+    jf(x, w)
+    bs = [b for b in thunder.last_traces(jf)[-1].bound_symbols if b.sym.name in ("matmul", "relu", "gelu")]
+    names = [b.sym.name for b in bs]
+    assert names == ["matmul", "relu", "matmul", "gelu", "matmul", "relu"]
+    assert epilogue_pair(bs[0], bs[1])
+    assert not epilogue_pair(bs[2], bs[3])  # gelu: not an epilogue we run
+    assert not epilogue_pair(bs[4], bs[5])  # float64: cuBLASLt path covers fp32/fp16/bf16
+    assert not epilogue_pair(bs[2], bs[1])  # relu of another matmul's result
+
+
 def _arg_name(bsym, proxy):
     # linear(x, w, b): map the proxy back to the Python argument it traced
     pos = [a.name for a in bsym.args].index(proxy.name)

@@ -75,11 +75,15 @@ def _fusible_predicate():
     return fusible_bsym
 
 
-def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None):
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None):
     """Run the C trace reader and planner on a list of bound symbols.
 
     freeable: names of prologue tensors the trace frees after their last use
-    (a backward's saved activations: trace.c NOTE [freeable saved tensors])."""
+    (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
+    epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
+    executor.epilogue_pair; trace.c NOTE [epilogue candidates])."""
+    if epilogue_pair is None:
+        from .executor import epilogue_pair
     return _C.plan_trace(
         bsyms,
         tensor_type=TensorProxy,
@@ -92,6 +96,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         max_states=max_states,
         fuse=fuse,
         freeable=frozenset(freeable or ()),
+        epilogue_pair=epilogue_pair,
     )
 
 

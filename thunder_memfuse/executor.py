@@ -41,6 +41,33 @@ def _fallback_callable(name, bsyms, inputs, outputs):
 # region falls back to the torch call, like any other region.
 GEMM_SYMBOLS = {"matmul": "cuda_matmul", "linear": "cuda_linear"}
 
+# NOTE [epilogue regions]: a GEMM followed by a ReLU of its result can be one
+# region [gemm, relu] (the planner forms it where it is valid and does not raise
+# the peak: mf_fuse.c NOTE [epilogue pairs]); it runs as one cuBLASLt call with
+# the ReLU (and linear's bias) as epilogue, so the pre-activation is never
+# materialized.  Where that call does not cover the case, the region falls
+# back like any other.
+EPILOGUE_SYMBOLS = {"matmul": "cuda_matmul_act", "linear": "cuda_linear_act"}
+_EPILOGUE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def epilogue_pair(gemm, act) -> bool:
+    """Can bound symbol `act` run as the epilogue of bound symbol `gemm`?
+    (trace.c NOTE [epilogue candidates] asks this of candidates.)"""
+    from thunder.core.proxies import TensorProxy
+
+    if gemm.sym.name not in EPILOGUE_SYMBOLS or gemm.kwargs or act.sym.name != "relu":
+        return False
+    outs = [o for o in gemm.flat_proxy_outs if isinstance(o, TensorProxy)]
+    if len(outs) != 1 or not act.args or getattr(act.args[0], "name", None) != outs[0].name:
+        return False
+    if any(a is not False for a in act.args[1:]) or any(v is not False for v in act.kwargs.values()):
+        return False  # relu(x, inplace=True) and anything unexpected
+    out = outs[0]
+    tensors = [a for a in gemm.flat_proxy_args if isinstance(a, TensorProxy)]
+    return (str(out.dtype).split(".")[-1].rstrip("_") in _EPILOGUE_DTYPES
+            and len({t.device.type for t in tensors}) == 1)
+
 
 def is_cuda_gemm(bsym) -> bool:
     """A matmul/linear bound symbol whose tensor arguments are CUDA proxies."""
@@ -52,8 +79,9 @@ def is_cuda_gemm(bsym) -> bool:
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
 
 
-def _gemm_builder(bsym, inputs):
-    """A builder for the cuBLAS call of one matmul/linear bound symbol."""
+def _gemm_builder(bsym, inputs, *, act=None):
+    """A builder for the cuBLAS call of one matmul/linear bound symbol (with
+    act="relu": the cuBLASLt call of the region [bsym, relu])."""
     position = {p.name: i for i, p in enumerate(inputs)}
 
     def arg(a):
@@ -64,12 +92,18 @@ def _gemm_builder(bsym, inputs):
     def build():
         from . import kernels
 
-        fn = getattr(kernels, GEMM_SYMBOLS[bsym.sym.name])
         if bsym.kwargs:
             raise NotImplementedError(f"{bsym.sym.name} with keyword arguments")
+        if act is None:
+            fn = getattr(kernels, GEMM_SYMBOLS[bsym.sym.name])
 
-        def call(*args):
-            return [fn(*(g(args) for g in getters))]
+            def call(*args):
+                return [fn(*(g(args) for g in getters))]
+        else:
+            fn = getattr(kernels, EPILOGUE_SYMBOLS[bsym.sym.name])
+
+            def call(*args):
+                return [fn(*(g(args) for g in getters), act=act)]
 
         return call
 
@@ -88,6 +122,8 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
         return fallback
     if len(bsyms) == 1 and bsyms[0].sym.name in GEMM_SYMBOLS:
         build = _gemm_builder(bsyms[0], inputs)
+    elif len(bsyms) == 2 and epilogue_pair(*bsyms):
+        build = _gemm_builder(bsyms[0], inputs, act="relu")
     else:
         def build():
             from .kernels import build_cuda_region

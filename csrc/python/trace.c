@@ -2,7 +2,8 @@
  * trace.c -- read a Thunder trace into a core graph, plan it, regroup it.
  *
  * plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids,
- *            return_ids, effects, fusible, max_states=None, fuse=True)
+ *            return_ids, effects, fusible, max_states=None, fuse=True,
+ *            freeable=None, epilogue_pair=None)
  *
  * Walks the bound symbols of a trace through the C API (bsym.sym.id,
  * bsym.sym.name, bsym.flat_proxy_args, bsym.flat_proxy_outs, proxy.name,
@@ -47,6 +48,13 @@
  *
  * NOTE [views]  A tensor output of an op whose symbol name is in view_names
  * is an alias of the op's first tensor argument: it shares that storage.
+ *
+ * NOTE [epilogue candidates]  With fuse and an epilogue_pair callable, every
+ * op v whose sized inputs are one value x produced by an op u (not a view of
+ * it) is a candidate epilogue of u; epilogue_pair(bsym_u, bsym_v) decides
+ * (a GEMM and a ReLU it can apply while writing, kernels.py), and the core
+ * forms the pair only where it is valid and pays (mf_fuse.c NOTE [epilogue
+ * pairs]).
  */
 #include "mf_py.h"
 #include <math.h>
@@ -57,6 +65,7 @@
 
 typedef struct {
     PyObject *tensor_type, *view_names, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
+    PyObject *epilogue_pair; /* callable or NULL / None */
 } cfg_t;
 
 /* Per-walk state: name -> value id, per-storage readers (linked lists). */
@@ -405,6 +414,56 @@ done:
     return rc;
 }
 
+/* NOTE [epilogue candidates]: ask c->epilogue_pair about each candidate
+ * (u, v) of the built graph; ops[k] is op k's bound symbol (None: virtual). */
+static int find_epilogues(walk_t *w, const cfg_t *c, PyObject *ops)
+{
+    mf_gbuf *g = &w->g;
+    int32_t *prod, k, j, v;
+    int rc = -1;
+    if (!(prod = (int32_t *)PyMem_RawMalloc(sizeof(int32_t) * ((size_t)g->n_values + 1)))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (v = 0; v < g->n_values; v++)
+        prod[v] = -1;
+    for (k = 0; k < g->n_ops; k++)
+        for (j = g->out_ptr[k]; j < g->out_ptr[k + 1]; j++)
+            prod[g->out_idx[j]] = k;
+    for (v = 0; v < g->n_ops; v++) {
+        int32_t x = -1, u;
+        PyObject *r;
+        int yes;
+        for (j = g->in_ptr[v]; j < g->in_ptr[v + 1]; j++) {
+            int32_t y = g->in_idx[j];
+            if (g->value_bytes[y] == 0 || y == x)
+                continue;
+            if (x >= 0)
+                break; /* two sized inputs: not an epilogue */
+            x = y;
+        }
+        if (x < 0 || j < g->in_ptr[v + 1] || (u = prod[x]) < 0 || u == v)
+            continue;
+        if (PyList_GET_ITEM(ops, u) == Py_None || PyList_GET_ITEM(ops, v) == Py_None)
+            continue;
+        if (!(r = PyObject_CallFunctionObjArgs(c->epilogue_pair, PyList_GET_ITEM(ops, u), PyList_GET_ITEM(ops, v),
+                                               NULL)))
+            goto done;
+        yes = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (yes < 0)
+            goto done;
+        if (yes && mf_gbuf_set_epilogue(g, v, u) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    PyMem_RawFree(prod);
+    return rc;
+}
+
 /* The graph as plan() keyword arguments (for reports and timelines). */
 static PyObject *graph_dict(const mf_gbuf *g)
 {
@@ -473,7 +532,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
                              "effects",    "fusible",     "max_states", "fuse",         "freeable",
-                             NULL};
+                             "epilogue_pair", NULL};
     cfg_t c;
     PyObject *freeable = NULL;
     int virtual_open = 0;
@@ -486,9 +545,10 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     (void)self;
 
     memset(&w, 0, sizeof w);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpO:plan_trace", kwlist, &bsyms, &c.tensor_type,
+    memset(&c, 0, sizeof c);
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOO:plan_trace", kwlist, &bsyms, &c.tensor_type,
                                      &c.view_names, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
-                                     &c.fusible, &ms, &fuse, &freeable))
+                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair))
         return NULL;
     if (!c.tensor_type || !c.view_names || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
         !c.fusible) {
@@ -658,6 +718,8 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         PyErr_NoMemory();
         goto done;
     }
+    if (fuse && c.epilogue_pair && c.epilogue_pair != Py_None && find_epilogues(&w, &c, ops_list) < 0)
+        goto done;
     if (!(plan = mf_py_run_plan(&w.g, max_states, fuse)))
         goto done;
     /* regroup: groups[k] = the bound symbols of the k-th planned group */
@@ -712,7 +774,7 @@ done:
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, fusible, "
-     "max_states=None, fuse=True) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
+     "max_states=None, fuse=True, freeable=None, epilogue_pair=None) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
     {NULL, NULL, 0, NULL},
 };
 
