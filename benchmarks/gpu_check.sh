@@ -107,7 +107,7 @@ import thunder_memfuse
 st = thunder_memfuse.cuda_status()
 json.dump(st, open(sys.argv[1], "w"), indent=1, default=str)
 print(json.dumps({k: st[k] for k in ("can_compile", "can_run")}))
-for lib in ("driver", "nvrtc", "cublas"):
+for lib in ("driver", "nvrtc", "cublas", "cublaslt"):
     e = st[lib]
     print(lib, "found" if e["found"] else "NOT FOUND", e.get("path") or e.get("error"), e.get("version"))
 sys.exit(0 if st["can_run"] else 4)

@@ -302,3 +302,172 @@ def test_matmul_on_side_stream():
         out = K.cuda_matmul(a, b)
     s.synchronize()
     torch.testing.assert_close(out, a @ b, **MM_TOL[torch.float32])
+
+
+# ---------------------------------------------------------------------------------------------
+# cuBLASLt: GEMM with the relu (and bias) fused into the epilogue
+
+
+LT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def cublaslt():
+    entry = K.cuda_status()["cublaslt"]
+    # every CUDA build of torch ships libcublasLt (and has usually loaded it already)
+    assert entry["found"], entry["error"]
+    assert entry["version"], entry
+    return entry
+
+
+def _ref_linear_act(x, w, b):
+    return torch.relu(torch.nn.functional.linear(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", LT_DTYPES, ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (7, 13, 5), (257, 129, 65), (64, 32, 48)], ids=str)
+def test_linear_act_against_torch(cublaslt, dtype, bias, mkn):
+    M, K_, N = mkn
+    x = torch.randn(M, K_, device=DEV, dtype=dtype)
+    w = torch.randn(N, K_, device=DEV, dtype=dtype)
+    b = torch.randn(N, device=DEV, dtype=dtype) if bias else None
+    got = K.cuda_linear_act(x, w, b)
+    want = _ref_linear_act(x, w, b)
+    assert got.shape == want.shape and got.dtype == want.dtype and got.device == want.device
+    torch.testing.assert_close(got, want, **MM_TOL[dtype])
+    assert (got >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", LT_DTYPES, ids=str)
+@pytest.mark.parametrize("xshape", [(2, 3, 32), (4, 1, 5, 32), (32,)], ids=str)
+def test_linear_act_leading_dims(cublaslt, dtype, xshape):
+    x = torch.randn(xshape, device=DEV, dtype=dtype)
+    w = torch.randn(48, 32, device=DEV, dtype=dtype)
+    b = torch.randn(48, device=DEV, dtype=dtype)
+    got = K.cuda_linear_act(x, w, b)
+    want = _ref_linear_act(x, w, b)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, **MM_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", LT_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((1, 1), (1, 1)), ((7, 13), (13, 5)), ((257, 129), (129, 65)), ((32,), (32, 16)), ((16, 32), (32,)),
+     ((32,), (32,)), ((3, 64, 32), (3, 32, 16)), ((3, 64, 32), (32, 16)), ((64, 32), (5, 32, 16)),
+     ((2, 3, 8, 4), (4, 6)), ((0, 4), (4, 5)), ((4, 0), (0, 5)), ((3, 0, 4), (4, 2))],
+    ids=str,
+)
+def test_matmul_act_against_torch(cublaslt, dtype, sa, sb):
+    a = torch.randn(sa, device=DEV, dtype=dtype)
+    b = torch.randn(sb, device=DEV, dtype=dtype)
+    got = K.cuda_matmul_act(a, b)
+    want = torch.relu(torch.matmul(a, b))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, **MM_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", LT_DTYPES, ids=str)
+def test_act_non_contiguous_inputs(cublaslt, dtype):
+    """Row- or column-major operands (any leading dimension) run in place; layouts that would need a
+    copy raise NotImplementedError (the caller falls back to torch)."""
+    tol = MM_TOL[dtype]
+    w = torch.randn(48, 32, device=DEV, dtype=dtype)
+    b = torch.randn(48, device=DEV, dtype=dtype)
+    xt = torch.randn(32, 64, device=DEV, dtype=dtype).t()              # column-major
+    torch.testing.assert_close(K.cuda_linear_act(xt, w, b), _ref_linear_act(xt, w, b), **tol)
+    wt = torch.randn(32, 48, device=DEV, dtype=dtype).t()              # transposed weight
+    x = torch.randn(64, 32, device=DEV, dtype=dtype)
+    torch.testing.assert_close(K.cuda_linear_act(x, wt, b), _ref_linear_act(x, wt, b), **tol)
+    xp = torch.randn(64, 40, device=DEV, dtype=dtype)[:, :32]         # padded rows (ld 40)
+    torch.testing.assert_close(K.cuda_linear_act(xp, w, b), _ref_linear_act(xp, w, b), **tol)
+    # a start one element past an aligned allocation: the heuristic is told the real alignment; it
+    # may have no kernel for it, which must then be a clean NotImplementedError, never a bad launch
+    x1 = torch.randn(64 * 32 + 1, device=DEV, dtype=dtype)[1:].view(64, 32)
+    try:
+        got = K.cuda_linear_act(x1, w, b)
+    except NotImplementedError as e:
+        assert "found no algorithm" in str(e), e
+    else:
+        torch.testing.assert_close(got, _ref_linear_act(x1, w, b), **tol)
+    e = torch.randn(4, 32, 64, device=DEV, dtype=dtype).transpose(1, 2)  # batch of column-major
+    f = torch.randn(32, 16, device=DEV, dtype=dtype)
+    torch.testing.assert_close(K.cuda_matmul_act(e, f), torch.relu(e @ f), **tol)
+    g = torch.randn(4, 32, 16, device=DEV, dtype=dtype)
+    torch.testing.assert_close(K.cuda_matmul_act(e, g), torch.relu(e @ g), **tol)
+    with pytest.raises(NotImplementedError, match="would need a copy"):
+        K.cuda_linear_act(torch.randn(64, 32, 2, device=DEV, dtype=dtype)[:, :, 0], w, b)
+    with pytest.raises(NotImplementedError, match="does not flatten"):
+        K.cuda_linear_act(torch.randn(5, 2, 32, device=DEV, dtype=dtype).transpose(0, 1), w, b)
+    with pytest.raises(NotImplementedError, match="contiguous vector"):
+        K.cuda_linear_act(x, w, torch.randn(96, device=DEV, dtype=dtype)[::2])
+
+
+def test_act_zero_sizes(cublaslt):
+    w = torch.randn(48, 32, device=DEV)
+    assert K.cuda_linear_act(torch.randn(0, 32, device=DEV), w).shape == (0, 48)
+    assert K.cuda_linear_act(torch.randn(2, 0, 32, device=DEV), w).shape == (2, 0, 48)
+    z = K.cuda_matmul_act(torch.randn(5, 0, device=DEV), torch.randn(0, 3, device=DEV))
+    assert torch.equal(z, torch.zeros(5, 3, device=DEV))
+    with pytest.raises(NotImplementedError, match="zero in_features"):
+        K.cuda_linear_act(torch.randn(4, 0, device=DEV), torch.randn(3, 0, device=DEV))
+
+
+def test_act_unsupported_fall_back(cublaslt):
+    a = torch.randn(8, 8, device=DEV, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="dtype torch.float64"):
+        K.cuda_matmul_act(a, a)
+    with pytest.raises(NotImplementedError, match="mixed dtypes"):
+        K.cuda_matmul_act(a.float(), a.half())
+    with pytest.raises(NotImplementedError, match="needs CUDA tensors"):
+        K.cuda_matmul_act(a.float().cpu(), a.float())
+    with pytest.raises(NotImplementedError, match="only 'relu'"):
+        K.cuda_matmul_act(a.float(), a.float(), act="gelu")
+    r = torch.randn(8, 8, device=DEV, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="autograd"):
+        K.cuda_matmul_act(r, r)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_act_memory_is_exactly_its_output(cublaslt, bias):
+    x = torch.randn(256, 128, device=DEV)
+    w = torch.randn(192, 128, device=DEV)
+    b = torch.randn(192, device=DEV) if bias else None
+    K.cuda_linear_act(x, w, b)  # warm up: handle and workspace
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    out = K.cuda_linear_act(x, w, b)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak == out.numel() * out.element_size()  # no pre-activation buffer
+    torch.testing.assert_close(out, _ref_linear_act(x, w, b), **MM_TOL[torch.float32])
+
+
+def test_matmul_act_memory_is_exactly_its_output(cublaslt):
+    a = torch.randn(4, 64, 128, device=DEV, dtype=torch.float16)
+    b = torch.randn(128, 256, device=DEV, dtype=torch.float16)
+    K.cuda_matmul_act(a, b)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    out = K.cuda_matmul_act(a, b)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak == out.numel() * out.element_size()
+    torch.testing.assert_close(out, torch.relu(a @ b), **MM_TOL[torch.float16])
+
+
+def test_act_on_side_stream(cublaslt):
+    x = torch.randn(128, 64, device=DEV)
+    w = torch.randn(96, 64, device=DEV)
+    b = torch.randn(96, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = K.cuda_linear_act(x, w, b)
+    s.synchronize()
+    torch.testing.assert_close(out, _ref_linear_act(x, w, b), **MM_TOL[torch.float32])

@@ -1,6 +1,7 @@
 /*
- * mf_cuda.c -- dlopen() loader for the CUDA driver, NVRTC and cuBLAS, plus the
- * driver and cuBLAS helpers (primary context, module load, launch, GEMM).
+ * mf_cuda.c -- dlopen() loader for the CUDA driver, NVRTC, cuBLAS and
+ * cuBLASLt, plus the driver and cuBLAS helpers (primary context, module load,
+ * launch, GEMM, cuBLASLt GEMM with a fused epilogue).
  *
  * Invariants:
  *  - No library is opened before the first mf_cuda_load() (never at import).
@@ -35,6 +36,7 @@ void mf_cuda_unlock(void) { pthread_mutex_unlock(&g_lock); }
 static mf_cuda_driver_api g_driver;
 static mf_cuda_nvrtc_api g_nvrtc;
 static mf_cuda_cublas_api g_cublas;
+static mf_cuda_cublaslt_api g_cublaslt;
 
 typedef struct sym_entry {
     const char *name;   /* exported symbol */
@@ -45,12 +47,20 @@ typedef struct sym_entry {
 #define DRV_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_driver_api, field), req},
 #define NVRTC_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_nvrtc_api, field), req},
 #define CUBLAS_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_cublas_api, field), req},
+#define CUBLASLT_ENTRY(field, sym, ret, params, req) {sym, offsetof(mf_cuda_cublaslt_api, field), req},
 static const sym_entry driver_syms[] = {MF_CUDA_DRIVER_SYMBOLS(DRV_ENTRY){NULL, 0, 0}};
 static const sym_entry nvrtc_syms[] = {MF_CUDA_NVRTC_SYMBOLS(NVRTC_ENTRY){NULL, 0, 0}};
 static const sym_entry cublas_syms[] = {MF_CUDA_CUBLAS_SYMBOLS(CUBLAS_ENTRY){NULL, 0, 0}};
+static const sym_entry cublaslt_syms[] = {MF_CUDA_CUBLASLT_SYMBOLS(CUBLASLT_ENTRY){NULL, 0, 0}};
 #undef DRV_ENTRY
 #undef NVRTC_ENTRY
 #undef CUBLAS_ENTRY
+#undef CUBLASLT_ENTRY
+
+/* The mirrored cuBLASLt structs must have the header's sizes (NOTE [cublasLt
+ * header facts]); a wrong size makes this array's length negative. */
+typedef char check_lt_algo_size[sizeof(mf_cublasLtMatmulAlgo) == 64 ? 1 : -1];
+typedef char check_lt_heuristic_size[sizeof(mf_cublasLtHeuristicResult) == 96 ? 1 : -1];
 
 /*
  * NOTE [library names]
@@ -63,6 +73,10 @@ static const char *const nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "l
                                           "libnvrtc.so", NULL};
 static const char *const cublas_names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11",
                                            "libcublas.so", NULL};
+/* libcublasLt ships next to libcublas (same wheel folder, same toolkit lib64)
+ * and is searched the same way. */
+static const char *const cublaslt_names[] = {"libcublasLt.so.13", "libcublasLt.so.12",
+                                             "libcublasLt.so.11", "libcublasLt.so", NULL};
 
 typedef struct lib_desc {
     const char *label;
@@ -76,6 +90,7 @@ static const lib_desc g_libs[MF_CUDA_LIB_COUNT] = {
     {"CUDA driver", driver_names, driver_syms, &g_driver, sizeof g_driver},
     {"NVRTC", nvrtc_names, nvrtc_syms, &g_nvrtc, sizeof g_nvrtc},
     {"cuBLAS", cublas_names, cublas_syms, &g_cublas, sizeof g_cublas},
+    {"cuBLASLt", cublaslt_names, cublaslt_syms, &g_cublaslt, sizeof g_cublaslt},
 };
 
 typedef struct lib_state {
@@ -363,6 +378,7 @@ void mf_cuda_lib_info_get(int which, mf_cuda_lib_info *out)
 const mf_cuda_driver_api *mf_cuda_driver(void) { return &g_driver; }
 const mf_cuda_nvrtc_api *mf_cuda_nvrtc(void) { return &g_nvrtc; }
 const mf_cuda_cublas_api *mf_cuda_cublas(void) { return &g_cublas; }
+const mf_cuda_cublaslt_api *mf_cuda_cublaslt(void) { return &g_cublaslt; }
 
 /* ---- driver helpers ----------------------------------------------------- */
 
@@ -371,6 +387,7 @@ static mf_CUresult g_init_result;
 static int g_init_tried;
 static mf_CUcontext g_ctx[MAX_DEVICES];
 static mf_cublasHandle g_cublas_handle[MAX_DEVICES];
+static mf_cublasLtHandle g_cublaslt_handle[MAX_DEVICES];
 
 static void cu_err(mf_CUresult r, const char *what, char *err, size_t errlen)
 {
@@ -676,6 +693,300 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
         cublas_err(s, g->batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx", err, errlen);
         rc = MF_CUDA_ECUBLAS;
     }
+done:
+    restore_locked(g->device, prev);
+unlock:
+    mf_cuda_unlock();
+    return rc;
+}
+
+/* ---- cuBLASLt ---------------------------------------------------------------- */
+
+static void cublaslt_err(mf_cublasStatus s, const char *what, char *err, size_t errlen)
+{
+    const char *text = g_cublaslt.cublasLtGetStatusString ? g_cublaslt.cublasLtGetStatusString(s) : NULL;
+    mf_cuda_set_err(err, errlen, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
+}
+
+long long mf_cuda_cublaslt_version(void)
+{
+    if (mf_cuda_load(MF_CUDA_LIB_CUBLASLT, NULL, 0) != MF_CUDA_OK || !g_cublaslt.cublasLtGetVersion)
+        return -1;
+    return (long long)g_cublaslt.cublasLtGetVersion();
+}
+
+static const char *lt_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case MF_CUDA_R_32F: return "float32";
+    case MF_CUDA_R_16F: return "float16";
+    case MF_CUDA_R_16BF: return "bfloat16";
+    default: return "?";
+    }
+}
+
+/* The largest power of two dividing the address, at most 256 (the alignment
+ * the heuristic assumes by default, NOTE [cublasLt header facts]). */
+static uint32_t ptr_alignment(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 1;
+    while (al < 256 && (a & al) == 0)
+        al <<= 1;
+    return al;
+}
+
+/* Argument checks of mf_cuda_lt_matmul_run, before any library is opened. */
+static int check_lt_args(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
+{
+    int rows_a, rows_b;
+    if (g->dtype != MF_CUDA_R_32F && g->dtype != MF_CUDA_R_16F && g->dtype != MF_CUDA_R_16BF) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: unsupported data type %d", g->dtype);
+        return MF_CUDA_EINVAL;
+    }
+    if (g->act != MF_CUDA_ACT_NONE && g->act != MF_CUDA_ACT_RELU) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: unsupported activation %d", g->act);
+        return MF_CUDA_EINVAL;
+    }
+    if ((g->transa != MF_CUBLAS_OP_N && g->transa != MF_CUBLAS_OP_T) ||
+        (g->transb != MF_CUBLAS_OP_N && g->transb != MF_CUBLAS_OP_T)) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: transa/transb must be 0 (N) or 1 (T), not %d/%d",
+                g->transa, g->transb);
+        return MF_CUDA_EINVAL;
+    }
+    if (g->m < 1 || g->n < 1 || g->k < 1 || g->batch < 1) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: bad sizes m=%d n=%d k=%d batch=%d (all must be >= 1)",
+                g->m, g->n, g->k, g->batch);
+        return MF_CUDA_EINVAL;
+    }
+    /* Column order: ld >= rows of the matrix as stored (before op). */
+    rows_a = g->transa == MF_CUBLAS_OP_N ? g->m : g->k;
+    rows_b = g->transb == MF_CUBLAS_OP_N ? g->k : g->n;
+    if (g->lda < rows_a || g->ldb < rows_b || g->ldd < g->m) {
+        mf_cuda_set_err(err, errlen,
+                "cuBLASLt matmul: leading dimensions too small: lda=%d (>= %d), ldb=%d (>= %d), ldd=%d (>= %d)",
+                g->lda, rows_a, g->ldb, rows_b, g->ldd, g->m);
+        return MF_CUDA_EINVAL;
+    }
+    if (g->stride_a < 0 || g->stride_b < 0 || g->stride_d < 0 || (g->batch > 1 && g->stride_d == 0)) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: bad batch strides %lld/%lld/%lld (D needs its own matrices)",
+                g->stride_a, g->stride_b, g->stride_d);
+        return MF_CUDA_EINVAL;
+    }
+    if (!g->A || !g->B || !g->D) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: null matrix pointer");
+        return MF_CUDA_EINVAL;
+    }
+    if (!g->workspace && g->workspace_bytes) {
+        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: %zu workspace bytes at a null pointer", g->workspace_bytes);
+        return MF_CUDA_EINVAL;
+    }
+    return MF_CUDA_OK;
+}
+
+/* Operation descriptor: compute/scale type, transposes, epilogue, bias.
+ * *out is set as soon as it exists, so the caller destroys it on failure too.
+ * Lock held, cuBLASLt loaded. */
+static mf_cublasStatus make_lt_desc(const mf_cuda_lt_matmul *g, mf_cublasLtMatmulDesc *out, const char **what)
+{
+    const mf_cuda_cublaslt_api *lt = &g_cublaslt;
+    int compute = g->dtype == MF_CUDA_R_32F && g->allow_tf32 ? MF_CUBLAS_COMPUTE_32F_FAST_TF32
+                                                             : MF_CUBLAS_COMPUTE_32F;
+    int32_t transa = g->transa, transb = g->transb;
+    uint32_t epilogue;
+    mf_cublasStatus s;
+
+    if (g->bias)
+        epilogue = g->act == MF_CUDA_ACT_RELU ? MF_CUBLASLT_EPILOGUE_RELU_BIAS : MF_CUBLASLT_EPILOGUE_BIAS;
+    else
+        epilogue = g->act == MF_CUDA_ACT_RELU ? MF_CUBLASLT_EPILOGUE_RELU : MF_CUBLASLT_EPILOGUE_DEFAULT;
+    *what = "cublasLtMatmulDescCreate";
+    s = lt->cublasLtMatmulDescCreate(out, compute, MF_CUDA_R_32F);
+    if (s != 0) {
+        *out = NULL;
+        return s;
+    }
+    *what = "cublasLtMatmulDescSetAttribute(TRANSA)";
+    s = lt->cublasLtMatmulDescSetAttribute(*out, MF_CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa);
+    if (s != 0)
+        return s;
+    *what = "cublasLtMatmulDescSetAttribute(TRANSB)";
+    s = lt->cublasLtMatmulDescSetAttribute(*out, MF_CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb);
+    if (s != 0)
+        return s;
+    *what = "cublasLtMatmulDescSetAttribute(EPILOGUE)";
+    s = lt->cublasLtMatmulDescSetAttribute(*out, MF_CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+    if (s != 0 || !g->bias)
+        return s;
+    *what = "cublasLtMatmulDescSetAttribute(BIAS_POINTER)";
+    return lt->cublasLtMatmulDescSetAttribute(*out, MF_CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                              sizeof g->bias);
+}
+
+/* A column-order layout of rows x cols with leading dimension ld, batched
+ * when batch > 1.  *out as in make_lt_desc. */
+static mf_cublasStatus make_lt_layout(int dtype, int rows, int cols, int ld, int batch, long long stride,
+                                      mf_cublasLtMatrixLayout *out, const char **what)
+{
+    const mf_cuda_cublaslt_api *lt = &g_cublaslt;
+    int32_t count = batch;
+    int64_t offset = stride;
+    mf_cublasStatus s;
+    *what = "cublasLtMatrixLayoutCreate";
+    s = lt->cublasLtMatrixLayoutCreate(out, dtype, (uint64_t)rows, (uint64_t)cols, (int64_t)ld);
+    if (s != 0)
+        *out = NULL;
+    if (s != 0 || batch == 1)
+        return s;
+    *what = "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)";
+    s = lt->cublasLtMatrixLayoutSetAttribute(*out, MF_CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    if (s != 0)
+        return s;
+    *what = "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)";
+    return lt->cublasLtMatrixLayoutSetAttribute(*out, MF_CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset,
+                                                sizeof offset);
+}
+
+/* Heuristic preferences: the workspace we have and the pointers' real
+ * alignments.  *out as in make_lt_desc. */
+static mf_cublasStatus make_lt_pref(const mf_cuda_lt_matmul *g, mf_cublasLtMatmulPreference *out,
+                                    const char **what)
+{
+    const mf_cuda_cublaslt_api *lt = &g_cublaslt;
+    uint64_t ws = g->workspace ? (uint64_t)g->workspace_bytes : 0;
+    uint32_t al[4];
+    int attrs[4] = {MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    mf_cublasStatus s;
+    int i;
+    al[0] = ptr_alignment(g->A);
+    al[1] = ptr_alignment(g->B);
+    al[2] = al[3] = ptr_alignment(g->D); /* C is D */
+    *what = "cublasLtMatmulPreferenceCreate";
+    s = lt->cublasLtMatmulPreferenceCreate(out);
+    if (s != 0) {
+        *out = NULL;
+        return s;
+    }
+    *what = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
+    s = lt->cublasLtMatmulPreferenceSetAttribute(*out, MF_CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (i = 0; i < 4 && s == 0; i++) {
+        *what = "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)";
+        s = lt->cublasLtMatmulPreferenceSetAttribute(*out, attrs[i], &al[i], sizeof al[i]);
+    }
+    return s;
+}
+
+/* NOTE [cublasLt matmul]
+ * One mf_cuda_lt_matmul_run is one cublasLtMatmul on the caller's stream:
+ *  - One cuBLASLt handle per device, created at first use under the lock
+ *    with the device's primary context current.  A cuBLASLt handle holds no
+ *    stream or workspace (both are cublasLtMatmul arguments), so unlike the
+ *    cuBLAS handle nothing is set on it per call.
+ *  - The operation descriptor, the three layouts (C uses D's: beta is 0 and C
+ *    is D) and the preference are created for this call and destroyed before
+ *    it returns, on every path: nothing is cached, so nothing can go stale or
+ *    leak.  Their cost is host work of a few microseconds.
+ *  - The heuristic is asked for one algorithm, with max workspace = the
+ *    workspace given (PyTorch's buffer, NOTE [cublas workspace]) and the real
+ *    alignment of A, B and D; none (or CUBLAS_STATUS_NOT_SUPPORTED) is
+ *    MF_CUDA_ENOALGO with the problem spelled out, so the caller can fall back.
+ *  - The lock is held from the context switch to the (asynchronous) launch,
+ *    as in mf_cuda_gemm_run, and the thread's context is put back
+ *    (NOTE [current context]).
+ */
+int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
+{
+    mf_cublasLtMatmulDesc desc = NULL;
+    mf_cublasLtMatrixLayout la = NULL, lb = NULL, ld = NULL;
+    mf_cublasLtMatmulPreference pref = NULL;
+    mf_cublasLtHeuristicResult heur;
+    mf_cublasLtHandle h;
+    mf_CUcontext prev = NULL;
+    mf_cublasStatus s;
+    const char *what = "cuBLASLt";
+    float alpha = 1.0f, beta = 0.0f;
+    int rc, returned = 0;
+
+    rc = check_lt_args(g, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc == MF_CUDA_OK)
+        rc = mf_cuda_load(MF_CUDA_LIB_CUBLASLT, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+
+    mf_cuda_lock();
+    rc = use_device_locked(g->device, NULL, &prev, err, errlen);
+    if (rc != MF_CUDA_OK)
+        goto unlock;
+    if (!g_cublaslt_handle[g->device]) {
+        s = g_cublaslt.cublasLtCreate(&g_cublaslt_handle[g->device]);
+        if (s != 0) {
+            g_cublaslt_handle[g->device] = NULL;
+            cublaslt_err(s, "cublasLtCreate", err, errlen);
+            rc = MF_CUDA_ECUBLAS;
+            goto done;
+        }
+    }
+    h = g_cublaslt_handle[g->device];
+
+    s = make_lt_desc(g, &desc, &what);
+    if (s == 0)
+        s = make_lt_layout(g->dtype, g->transa == MF_CUBLAS_OP_N ? g->m : g->k,
+                           g->transa == MF_CUBLAS_OP_N ? g->k : g->m, g->lda, g->batch, g->stride_a, &la, &what);
+    if (s == 0)
+        s = make_lt_layout(g->dtype, g->transb == MF_CUBLAS_OP_N ? g->k : g->n,
+                           g->transb == MF_CUBLAS_OP_N ? g->n : g->k, g->ldb, g->batch, g->stride_b, &lb, &what);
+    if (s == 0)
+        s = make_lt_layout(g->dtype, g->m, g->n, g->ldd, g->batch, g->stride_d, &ld, &what);
+    if (s == 0)
+        s = make_lt_pref(g, &pref, &what);
+    if (s != 0) {
+        cublaslt_err(s, what, err, errlen);
+        rc = MF_CUDA_ECUBLAS;
+        goto release;
+    }
+
+    memset(&heur, 0, sizeof heur);
+    s = g_cublaslt.cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &returned);
+    if (s != 0 && s != MF_CUBLAS_STATUS_NOT_SUPPORTED) {
+        cublaslt_err(s, "cublasLtMatmulAlgoGetHeuristic", err, errlen);
+        rc = MF_CUDA_ECUBLAS;
+        goto release;
+    }
+    if (s != 0 || returned < 1 || heur.state != 0) {
+        mf_cuda_set_err(err, errlen,
+                "cublasLtMatmulAlgoGetHeuristic found no algorithm (status %d, %d returned, state %d) for "
+                "%s m=%d n=%d k=%d batch=%d trans=%c%c lda=%d ldb=%d ldd=%d epilogue=%s%s, "
+                "%zu workspace bytes, alignments A=%u B=%u D=%u",
+                s, returned, returned > 0 ? heur.state : -1, lt_dtype_name(g->dtype), g->m, g->n, g->k,
+                g->batch, g->transa ? 'T' : 'N', g->transb ? 'T' : 'N', g->lda, g->ldb, g->ldd,
+                g->act == MF_CUDA_ACT_RELU ? "relu" : "none", g->bias ? "+bias" : "",
+                g->workspace ? g->workspace_bytes : (size_t)0, (unsigned)ptr_alignment(g->A),
+                (unsigned)ptr_alignment(g->B), (unsigned)ptr_alignment(g->D));
+        rc = MF_CUDA_ENOALGO;
+        goto release;
+    }
+    s = g_cublaslt.cublasLtMatmul(h, desc, &alpha, g->A, la, g->B, lb, &beta, g->D, ld, g->D, ld, &heur.algo,
+                                  g->workspace_bytes ? g->workspace : NULL,
+                                  g->workspace ? g->workspace_bytes : 0, g->stream);
+    if (s != 0) {
+        cublaslt_err(s, "cublasLtMatmul", err, errlen);
+        rc = MF_CUDA_ECUBLAS;
+    }
+release:
+    if (pref)
+        (void)g_cublaslt.cublasLtMatmulPreferenceDestroy(pref);
+    if (ld)
+        (void)g_cublaslt.cublasLtMatrixLayoutDestroy(ld);
+    if (lb)
+        (void)g_cublaslt.cublasLtMatrixLayoutDestroy(lb);
+    if (la)
+        (void)g_cublaslt.cublasLtMatrixLayoutDestroy(la);
+    if (desc)
+        (void)g_cublaslt.cublasLtMatmulDescDestroy(desc);
 done:
     restore_locked(g->device, prev);
 unlock:

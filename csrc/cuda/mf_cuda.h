@@ -1,7 +1,7 @@
 /*
- * mf_cuda.h -- run-time loading of the CUDA driver, NVRTC and cuBLAS, and the
- * thin driver/cuBLAS helpers the binding needs (context, module load, kernel
- * launch, GEMM).
+ * mf_cuda.h -- run-time loading of the CUDA driver, NVRTC, cuBLAS and cuBLASLt,
+ * and the thin driver/cuBLAS helpers the binding needs (context, module load,
+ * kernel launch, GEMM, GEMM with a fused epilogue).
  *
  * Invariants:
  *  - Nothing here is linked against CUDA: every library is dlopen()ed at first
@@ -36,7 +36,8 @@ enum {
     MF_CUDA_ECUBLAS = 6,   /* a cuBLAS call failed */
     MF_CUDA_EINVAL = 7,    /* bad argument */
     MF_CUDA_ENOMEM = 8,
-    MF_CUDA_ENODEV = 9     /* no device / device index out of range */
+    MF_CUDA_ENODEV = 9,    /* no device / device index out of range */
+    MF_CUDA_ENOALGO = 10   /* cuBLASLt's heuristic offered no algorithm */
 };
 
 /* ---- minimal CUDA types (ABI-compatible spellings) ---------------------- */
@@ -50,6 +51,22 @@ typedef void *mf_nvrtcProgram;
 typedef int mf_nvrtcResult;     /* 0 == NVRTC_SUCCESS */
 typedef void *mf_cublasHandle;
 typedef int mf_cublasStatus;    /* 0 == CUBLAS_STATUS_SUCCESS */
+typedef void *mf_cublasLtHandle;           /* cublasLtHandle_t */
+typedef void *mf_cublasLtMatmulDesc;       /* cublasLtMatmulDesc_t */
+typedef void *mf_cublasLtMatrixLayout;     /* cublasLtMatrixLayout_t */
+typedef void *mf_cublasLtMatmulPreference; /* cublasLtMatmulPreference_t */
+/* cublasLtMatmulAlgo_t and cublasLtMatmulHeuristicResult_t, field for field
+ * (NOTE [cublasLt header facts]). */
+typedef struct mf_cublasLtMatmulAlgo {
+    uint64_t data[8];
+} mf_cublasLtMatmulAlgo;
+typedef struct mf_cublasLtHeuristicResult {
+    mf_cublasLtMatmulAlgo algo;
+    size_t workspace_size;
+    mf_cublasStatus state;
+    float waves_count;
+    int reserved[4];
+} mf_cublasLtHeuristicResult;
 
 /* Device attributes (CUdevice_attribute). */
 #define MF_CU_ATTR_MULTIPROCESSOR_COUNT 16
@@ -69,6 +86,79 @@ typedef int mf_cublasStatus;    /* 0 == CUBLAS_STATUS_SUCCESS */
 #define MF_CUBLAS_OP_N 0
 #define MF_CUBLAS_OP_T 1
 #define MF_CUBLAS_GEMM_DEFAULT (-1)
+/* cublasStatus_t */
+#define MF_CUBLAS_STATUS_NOT_SUPPORTED 15
+
+/*
+ * NOTE [cublasLt header facts]
+ * Read from cublasLt.h of the nvidia-cublas 13.1.1.3 wheel
+ * (nvidia/cu13/include/cublasLt.h).  The entry points, the layout, matmul
+ * descriptor and preference attributes and the heuristic result struct were
+ * checked against the CUDA 12.6 toolkit's cublasLt.h, and the epilogue values
+ * against a CUDA 11 one: none of them changed.
+ *  - Entry points (all cublasStatus_t, an int, except GetVersion/GetStatusString):
+ *      cublasLtCreate(cublasLtHandle_t *)
+ *      cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t scale)
+ *      cublasLtMatmulDescDestroy(desc)
+ *      cublasLtMatmulDescSetAttribute(desc, attr, const void *buf, size_t size)
+ *      cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *, cudaDataType, uint64_t rows,
+ *                                 uint64_t cols, int64_t ld)
+ *      cublasLtMatrixLayoutDestroy(layout)
+ *      cublasLtMatrixLayoutSetAttribute(layout, attr, const void *buf, size_t size)
+ *      cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *), ...Destroy(pref),
+ *      cublasLtMatmulPreferenceSetAttribute(pref, attr, const void *buf, size_t size)
+ *      cublasLtMatmulAlgoGetHeuristic(handle, desc, Adesc, Bdesc, Cdesc, Ddesc, pref,
+ *          int requested, cublasLtMatmulHeuristicResult_t results[], int *returned)
+ *      cublasLtMatmul(handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc,
+ *          const cublasLtMatmulAlgo_t *, void *workspace, size_t workspace_bytes, stream)
+ *      size_t cublasLtGetVersion(void)          major*10000 + minor*100 + patch
+ *      const char *cublasLtGetStatusString(cublasStatus_t)
+ *    The descriptor handles are pointers to opaque structs; the enum arguments
+ *    are C enums (int).  SetAttribute checks `size` against the attribute's
+ *    own type, so each value below is passed in exactly that type.
+ *  - cublasLtMatmulDescAttributes_t: TRANSA 3 (int32), TRANSB 4 (int32),
+ *    EPILOGUE 7 (uint32), BIAS_POINTER 8 (const void *), BIAS_DATA_TYPE 26
+ *    (int32; default -1 = the type of D).  We leave BIAS_DATA_TYPE at its
+ *    default: our bias always has D's type, and the attribute is missing from
+ *    older cuBLASLt releases.
+ *  - cublasLtEpilogue_t: DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6 (RELU | BIAS).
+ *    The bias is a packed (stride 1) vector of length rows(D), added to every
+ *    column of the column-major D before the activation.
+ *  - cublasLtMatrixLayoutAttribute_t: BATCH_COUNT 5 (int32, default 1),
+ *    STRIDED_BATCH_OFFSET 6 (int64 elements, default 0).  Every matrix of one
+ *    call must have the same batch count; a stride of 0 on A or B reuses one
+ *    matrix for every batch entry.  ld must be >= rows (column order, the
+ *    default ORDER_COL 0).
+ *  - cublasLtMatmulPreferenceAttributes_t: MAX_WORKSPACE_BYTES 1 (uint64,
+ *    default 0 = no workspace), MIN_ALIGNMENT_A/B/C/D_BYTES 5/6/7/8 (uint32,
+ *    default 256: the heuristic assumes 256-byte aligned pointers unless told
+ *    otherwise, so we pass each pointer's real alignment).
+ *  - sizeof(cublasLtMatmulAlgo_t) == 64 (uint64_t data[8]);
+ *    sizeof(cublasLtMatmulHeuristicResult_t) == 96 (algo 64, size_t
+ *    workspaceSize 8, cublasStatus_t state 4, float wavesCount 4,
+ *    int reserved[4] 16); a result's fields are valid only when state == 0.
+ *  - The scale type (alpha, beta) is CUDA_R_32F for compute 32F and
+ *    32F_FAST_TF32; alpha and beta are host pointers (POINTER_MODE_HOST, the
+ *    default).
+ *  - cublasLtMatmulAlgoGetHeuristic returns CUBLAS_STATUS_NOT_SUPPORTED (15,
+ *    cublas_api.h) when no heuristic covers the configuration: like zero
+ *    results, that means "no algorithm".
+ */
+#define MF_CUBLASLT_MATMUL_DESC_TRANSA 3
+#define MF_CUBLASLT_MATMUL_DESC_TRANSB 4
+#define MF_CUBLASLT_MATMUL_DESC_EPILOGUE 7
+#define MF_CUBLASLT_MATMUL_DESC_BIAS_POINTER 8
+#define MF_CUBLASLT_EPILOGUE_DEFAULT 1u
+#define MF_CUBLASLT_EPILOGUE_RELU 2u
+#define MF_CUBLASLT_EPILOGUE_BIAS 4u
+#define MF_CUBLASLT_EPILOGUE_RELU_BIAS 6u
+#define MF_CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT 5
+#define MF_CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET 6
+#define MF_CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES 1
+#define MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES 5
+#define MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES 6
+#define MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES 7
+#define MF_CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES 8
 
 /*
  * NOTE [symbol tables]
@@ -144,21 +234,65 @@ typedef int mf_cublasStatus;    /* 0 == CUBLAS_STATUS_SUCCESS */
        const void *B, int btype, int ldb, long long strideB, const void *beta, void *C,  \
        int ctype, int ldc, long long strideC, int batch, int compute, int algo), 1)
 
+/* cuBLASLt (libcublasLt, a separate library of the same wheel/toolkit; the
+ * types and values are in NOTE [cublasLt header facts]). */
+#define MF_CUDA_CUBLASLT_SYMBOLS(X)                                                      \
+    X(cublasLtCreate, "cublasLtCreate", mf_cublasStatus, (mf_cublasLtHandle * h), 1)     \
+    X(cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate", mf_cublasStatus,             \
+      (mf_cublasLtMatmulDesc * d, int compute, int scale_type), 1)                       \
+    X(cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy", mf_cublasStatus,           \
+      (mf_cublasLtMatmulDesc d), 1)                                                      \
+    X(cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute", mf_cublasStatus, \
+      (mf_cublasLtMatmulDesc d, int attr, const void *buf, size_t size), 1)              \
+    X(cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate", mf_cublasStatus,         \
+      (mf_cublasLtMatrixLayout * l, int type, uint64_t rows, uint64_t cols, int64_t ld), 1) \
+    X(cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy", mf_cublasStatus,       \
+      (mf_cublasLtMatrixLayout l), 1)                                                    \
+    X(cublasLtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute",              \
+      mf_cublasStatus, (mf_cublasLtMatrixLayout l, int attr, const void *buf, size_t size), 1) \
+    X(cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate", mf_cublasStatus, \
+      (mf_cublasLtMatmulPreference * p), 1)                                              \
+    X(cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy",                \
+      mf_cublasStatus, (mf_cublasLtMatmulPreference p), 1)                               \
+    X(cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute",      \
+      mf_cublasStatus, (mf_cublasLtMatmulPreference p, int attr, const void *buf, size_t size), 1) \
+    X(cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic", mf_cublasStatus, \
+      (mf_cublasLtHandle h, mf_cublasLtMatmulDesc d, mf_cublasLtMatrixLayout a,          \
+       mf_cublasLtMatrixLayout b, mf_cublasLtMatrixLayout c, mf_cublasLtMatrixLayout dl, \
+       mf_cublasLtMatmulPreference p, int requested, mf_cublasLtHeuristicResult *results, \
+       int *returned), 1)                                                                \
+    X(cublasLtMatmul, "cublasLtMatmul", mf_cublasStatus,                                 \
+      (mf_cublasLtHandle h, mf_cublasLtMatmulDesc d, const void *alpha, const void *A,   \
+       mf_cublasLtMatrixLayout a, const void *B, mf_cublasLtMatrixLayout b,              \
+       const void *beta, const void *C, mf_cublasLtMatrixLayout c, void *D,              \
+       mf_cublasLtMatrixLayout dl, const mf_cublasLtMatmulAlgo *algo, void *ws,          \
+       size_t ws_bytes, mf_CUstream s), 1)                                               \
+    X(cublasLtGetVersion, "cublasLtGetVersion", size_t, (void), 0)                       \
+    X(cublasLtGetStatusString, "cublasLtGetStatusString", const char *, (mf_cublasStatus s), 0)
+
 /* The typedefs and tables generated from the lists. */
 #define MF_CUDA_TYPEDEF(field, sym, ret, params, req) typedef ret(*mf_##field##_fn) params;
 MF_CUDA_DRIVER_SYMBOLS(MF_CUDA_TYPEDEF)
 MF_CUDA_NVRTC_SYMBOLS(MF_CUDA_TYPEDEF)
 MF_CUDA_CUBLAS_SYMBOLS(MF_CUDA_TYPEDEF)
+MF_CUDA_CUBLASLT_SYMBOLS(MF_CUDA_TYPEDEF)
 #undef MF_CUDA_TYPEDEF
 
 #define MF_CUDA_FIELD(field, sym, ret, params, req) mf_##field##_fn field;
 typedef struct mf_cuda_driver_api { MF_CUDA_DRIVER_SYMBOLS(MF_CUDA_FIELD) } mf_cuda_driver_api;
 typedef struct mf_cuda_nvrtc_api { MF_CUDA_NVRTC_SYMBOLS(MF_CUDA_FIELD) } mf_cuda_nvrtc_api;
 typedef struct mf_cuda_cublas_api { MF_CUDA_CUBLAS_SYMBOLS(MF_CUDA_FIELD) } mf_cuda_cublas_api;
+typedef struct mf_cuda_cublaslt_api { MF_CUDA_CUBLASLT_SYMBOLS(MF_CUDA_FIELD) } mf_cuda_cublaslt_api;
 #undef MF_CUDA_FIELD
 
 /* Which library. */
-enum { MF_CUDA_LIB_DRIVER = 0, MF_CUDA_LIB_NVRTC = 1, MF_CUDA_LIB_CUBLAS = 2, MF_CUDA_LIB_COUNT = 3 };
+enum {
+    MF_CUDA_LIB_DRIVER = 0,
+    MF_CUDA_LIB_NVRTC = 1,
+    MF_CUDA_LIB_CUBLAS = 2,
+    MF_CUDA_LIB_CUBLASLT = 3,
+    MF_CUDA_LIB_COUNT = 4
+};
 
 #define MF_CUDA_PATH_LEN 1024
 #define MF_CUDA_MSG_LEN 2048
@@ -190,6 +324,7 @@ void mf_cuda_reset_failed(void);
 const mf_cuda_driver_api *mf_cuda_driver(void);
 const mf_cuda_nvrtc_api *mf_cuda_nvrtc(void);
 const mf_cuda_cublas_api *mf_cuda_cublas(void);
+const mf_cuda_cublaslt_api *mf_cuda_cublaslt(void);
 
 /* NOTE [cuda lock]: one process-wide mutex guards the library tables, the
  * per-device state below and the kernel cache (mf_nvrtc.c).  The binding may
@@ -234,6 +369,40 @@ typedef struct mf_cuda_gemm {
 int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen);
 /* cuBLAS version as major*10000+minor*100+patch, or -1. */
 int mf_cuda_cublas_version(void);
+
+/* ---- cuBLASLt: one GEMM with a fused epilogue ------------------------------ */
+/* Activation applied by the epilogue. */
+enum { MF_CUDA_ACT_NONE = 0, MF_CUDA_ACT_RELU = 1 };
+
+/* D = act(op(A) op(B) [+ bias]), column-major as cuBLAS sees it (the row-major
+ * caller passes C^T = B^T A^T, see docs/CUDA.md).  alpha = 1, beta = 0 (no C
+ * input; C's layout is D's).  bias, when not NULL, has D's data type and m
+ * elements (one per row of the column-major D) and is shared by every batch
+ * entry. */
+typedef struct mf_cuda_lt_matmul {
+    int device;
+    mf_CUstream stream;
+    void *workspace;          /* PyTorch-allocated, may be NULL (then 0 bytes) */
+    size_t workspace_bytes;
+    int transa, transb;       /* MF_CUBLAS_OP_N / _T */
+    int m, n, k;              /* all >= 1 */
+    const void *A; int lda; long long stride_a;   /* strides in elements; 0 = reuse */
+    const void *B; int ldb; long long stride_b;
+    void *D; int ldd; long long stride_d;
+    int batch;                /* >= 1; > 1 sets BATCH_COUNT/STRIDED_BATCH_OFFSET */
+    int dtype;                /* MF_CUDA_R_32F, _16F or _16BF for A, B, D and bias */
+    int allow_tf32;           /* float32 only: compute 32F_FAST_TF32 */
+    const void *bias;         /* NULL: no bias */
+    int act;                  /* MF_CUDA_ACT_* */
+} mf_cuda_lt_matmul;
+
+/* Runs one cublasLtMatmul on g->stream.  MF_CUDA_EINVAL for bad arguments
+ * (checked before any library is opened), MF_CUDA_ENOTFOUND when libcublasLt
+ * (or a required symbol of it) is missing, MF_CUDA_ENOALGO when the heuristic has no algorithm
+ * for the problem within the workspace, MF_CUDA_ECUBLAS for a failed call. */
+int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen);
+/* cublasLtGetVersion() (major*10000+minor*100+patch), or -1. */
+long long mf_cuda_cublaslt_version(void);
 
 /* printf-style message into a caller's error buffer (err may be NULL). */
 void mf_cuda_set_err(char *err, size_t errlen, const char *fmt, ...)

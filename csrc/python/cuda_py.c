@@ -1,6 +1,7 @@
 /*
  * cuda_py.c -- the CPython face of csrc/cuda: loader status, code generation,
- * NVRTC compilation with the kernel cache, kernel load/launch and cuBLAS GEMM.
+ * NVRTC compilation with the kernel cache, kernel load/launch, cuBLAS GEMM and
+ * cuBLASLt GEMM with a fused epilogue.
  *
  * Invariants:
  *  - Nothing CUDA is opened at import: mf_py_cuda_exec only adds functions and
@@ -188,12 +189,12 @@ static int add_cache_stats(PyObject *d)
 
 PyDoc_STRVAR(status_doc,
              "cuda_status()\n--\n\n"
-             "Load (at first use) the CUDA driver, NVRTC and cuBLAS and say what was\n"
+             "Load (at first use) the CUDA driver, NVRTC, cuBLAS and cuBLASLt and say what was\n"
              "found: paths, versions, driver version and device count, or why not.");
 
 static PyObject *py_status(PyObject *self, PyObject *noargs)
 {
-    PyObject *d = NULL, *drv = NULL, *nv = NULL, *cb = NULL, *archs = NULL, *cache = NULL;
+    PyObject *d = NULL, *drv = NULL, *nv = NULL, *cb = NULL, *lt = NULL, *archs = NULL, *cache = NULL;
     PyObject *result = NULL;
     char err[ERRLEN], buf[4096];
     int version = -1, count = 0, rc, major = 0, minor = 0, n = 0, i, list[64];
@@ -205,8 +206,9 @@ static PyObject *py_status(PyObject *self, PyObject *noargs)
     drv = lib_dict(MF_CUDA_LIB_DRIVER, "CUDA driver");
     nv = lib_dict(MF_CUDA_LIB_NVRTC, "NVRTC");
     cb = lib_dict(MF_CUDA_LIB_CUBLAS, "cuBLAS");
+    lt = lib_dict(MF_CUDA_LIB_CUBLASLT, "cuBLASLt");
     cache = PyDict_New();
-    if (!d || !drv || !nv || !cb || !cache)
+    if (!d || !drv || !nv || !cb || !lt || !cache)
         goto error;
 
     /* driver: version and devices */
@@ -250,11 +252,20 @@ static PyObject *py_status(PyObject *self, PyObject *noargs)
         if (set_item_str(cb, "version", v >= 0 ? buf : NULL) < 0)
             goto error;
     }
+    /* cuBLASLt version (cublasLtGetVersion: major*10000+minor*100+patch) */
+    {
+        long long v = mf_cuda_cublaslt_version();
+        if (v >= 0)
+            snprintf(buf, sizeof buf, "%lld.%lld.%lld", v / 10000, (v / 100) % 100, v % 100);
+        if (set_item_str(lt, "version", v >= 0 ? buf : NULL) < 0)
+            goto error;
+    }
 
     if (add_cache_stats(cache) < 0)
         goto error;
     if (PyDict_SetItemString(d, "driver", drv) < 0 || PyDict_SetItemString(d, "nvrtc", nv) < 0 ||
-        PyDict_SetItemString(d, "cublas", cb) < 0 || PyDict_SetItemString(d, "cache", cache) < 0)
+        PyDict_SetItemString(d, "cublas", cb) < 0 || PyDict_SetItemString(d, "cublaslt", lt) < 0 ||
+        PyDict_SetItemString(d, "cache", cache) < 0)
         goto error;
     mf_cuda_get_search_dirs(buf, sizeof buf);
     if (set_item_str(d, "search_dirs", buf) < 0)
@@ -271,6 +282,7 @@ error:
     Py_XDECREF(drv);
     Py_XDECREF(nv);
     Py_XDECREF(cb);
+    Py_XDECREF(lt);
     Py_XDECREF(archs);
     Py_XDECREF(cache);
     return result;
@@ -742,6 +754,73 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(lt_matmul_doc,
+             "cublaslt_matmul(device, stream, workspace, workspace_bytes, transa, transb, m, n, k,\n"
+             "                A, lda, stride_a, B, ldb, stride_b, D, ldd, stride_d, batch, dtype,\n"
+             "                allow_tf32, bias, act)\n--\n\n"
+             "Column-major D = act(op(A)@op(B) [+ bias]) as ONE cublasLtMatmul with a fused\n"
+             "epilogue (NOTE [cublasLt matmul] in csrc/cuda/mf_cuda.c).  Pointers and the stream\n"
+             "are ints; bias is a pointer to m elements of dtype, or 0 for none; dtype is\n"
+             "'float32', 'float16' or 'bfloat16'; act is 'none' or 'relu'.  Raises ValueError\n"
+             "for bad arguments, NotImplementedError when libcublasLt (or the driver) is\n"
+             "missing or its heuristic has no algorithm for the problem (the caller falls\n"
+             "back), RuntimeError when a call fails.");
+
+static PyObject *py_lt_matmul(PyObject *self, PyObject *args)
+{
+    mf_cuda_lt_matmul g;
+    PyObject *stream, *ws, *a, *b, *d, *bias;
+    void *pa, *pb, *pbias;
+    unsigned long long ws_bytes;
+    const char *dtype, *act;
+    char err[ERRLEN];
+    int rc;
+    (void)self;
+    memset(&g, 0, sizeof g);
+    if (!PyArg_ParseTuple(args, "iOOKiiiiiOiLOiLOiLispOs", &g.device, &stream, &ws, &ws_bytes, &g.transa,
+                          &g.transb, &g.m, &g.n, &g.k, &a, &g.lda, &g.stride_a, &b, &g.ldb, &g.stride_b, &d,
+                          &g.ldd, &g.stride_d, &g.batch, &dtype, &g.allow_tf32, &bias, &act))
+        return NULL;
+    if (ptr_arg(stream, &g.stream) < 0 || ptr_arg(ws, &g.workspace) < 0 || ptr_arg(a, &pa) < 0 ||
+        ptr_arg(b, &pb) < 0 || ptr_arg(d, &g.D) < 0 || ptr_arg(bias, &pbias) < 0)
+        return NULL;
+    g.workspace_bytes = (size_t)ws_bytes;
+    g.A = pa;
+    g.B = pb;
+    g.bias = pbias;
+    if (strcmp(dtype, "float32") == 0)
+        g.dtype = MF_CUDA_R_32F;
+    else if (strcmp(dtype, "float16") == 0)
+        g.dtype = MF_CUDA_R_16F;
+    else if (strcmp(dtype, "bfloat16") == 0)
+        g.dtype = MF_CUDA_R_16BF;
+    else {
+        PyErr_Format(PyExc_ValueError, "cublaslt_matmul: unsupported dtype %s", dtype);
+        return NULL;
+    }
+    if (strcmp(act, "relu") == 0)
+        g.act = MF_CUDA_ACT_RELU;
+    else if (strcmp(act, "none") == 0)
+        g.act = MF_CUDA_ACT_NONE;
+    else {
+        PyErr_Format(PyExc_ValueError, "cublaslt_matmul: unsupported activation %s", act);
+        return NULL;
+    }
+    err[0] = '\0';
+    rc = mf_cuda_lt_matmul_run(&g, err, sizeof err);
+    if (rc == MF_CUDA_EINVAL) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    if (rc == MF_CUDA_ENOTFOUND || rc == MF_CUDA_ENOALGO) {
+        PyErr_SetString(PyExc_NotImplementedError, err);
+        return NULL;
+    }
+    if (rc != MF_CUDA_OK)
+        return runtime_error(err);
+    Py_RETURN_NONE;
+}
+
 /* ---- registration ------------------------------------------------------------ */
 
 static PyMethodDef cuda_methods[] = {
@@ -756,6 +835,7 @@ static PyMethodDef cuda_methods[] = {
     {"cuda_load_function", (PyCFunction)py_load_function, METH_VARARGS, load_doc},
     {"cuda_launch", (PyCFunction)py_launch, METH_VARARGS, launch_doc},
     {"cublas_gemm", (PyCFunction)py_gemm, METH_VARARGS, gemm_doc},
+    {"cublaslt_matmul", (PyCFunction)py_lt_matmul, METH_VARARGS, lt_matmul_doc},
     {NULL, NULL, 0, NULL},
 };
 
