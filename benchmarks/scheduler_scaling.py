@@ -105,7 +105,7 @@ def main(argv=None):
     for eff in (True, False):
         spec, _ = seed_graph_spec(eff)
         bench(f"seed ({'efficient' if eff else 'inefficient'} order)", spec, max(args.repeat, 5))
-    for paths in ((2, 4), (4, 8)):
+    for paths in ((2, 4), (4, 8), (12, 16)):
         for n in args.sizes:
             bench(f"transformer-backward-like {n // 1000}k, {paths[0]}-{paths[1]} paths/block",
                   transformer_backward_graph(n, paths=paths), args.repeat, args.max_states)

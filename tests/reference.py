@@ -164,5 +164,73 @@ def random_graph(rng: random.Random, max_ops=12, allow_after=True):
                 aliases=aliases, fusible=fusible, after=after)
 
 
+def random_chains_graph(rng: random.Random, n_chains=(2, 4), max_len=3, fork=None, join=None, sinks=None,
+                        recompute=None, horizontal=None):
+    """Parallel chains (the shape of NOTE [liu merge] in csrc/core/mf_liu.c):
+    an optional fork op whose output every chain head reads, chains of
+    1..max_len ops with random sizes (0 included, sometimes a second output
+    nobody reads), optionally a floating recompute op per chain and a
+    weight-gradient side sink per chain (a graph output), joined by nothing
+    (chain ends are outputs), one op, or a chain of adds.  Listed chain by
+    chain, or step by step across chains ("horizontal"); valid either way.
+    None picks at random."""
+    pick = lambda x: rng.random() < 0.5 if x is None else x  # noqa: E731
+    fork, sinks, recompute, horizontal = pick(fork), pick(sinks), pick(recompute), pick(horizontal)
+    join = rng.choice(["none", "one", "adds"]) if join is None else join
+    value_bytes, graph_inputs, graph_outputs, keyed = [], [], [], []
+
+    def val(nbytes, is_input=False):
+        value_bytes.append(nbytes)
+        if is_input:
+            graph_inputs.append(len(value_bytes) - 1)
+        return len(value_bytes) - 1
+
+    def op(key, ins, outs):
+        keyed.append((key, len(keyed), (list(ins), list(outs))))
+
+    src = val(rng.choice([8, 16, 64]), True)
+    if fork:
+        g = val(rng.choice([8, 16, 32]))
+        op(-1, [src], [g])
+        src = g
+    ends = []
+    for _ in range(rng.randint(*n_chains)):
+        length, h, prev = rng.randint(1, max_len), src, None
+        for step in range(length):
+            ins = [h]
+            if step == 0 and recompute:
+                r = val(rng.choice([8, 16, 32]))
+                op(0, [val(16, True)], [r])
+                ins.append(r)
+            outs = [val(rng.choice([0, 8, 16, 32, 48, 64, 128]))]
+            if rng.random() < 0.2:
+                outs.append(val(rng.choice([8, 16])))  # never read: freed right after the op
+            op(2 * step + 1, ins, outs)
+            prev, h = h, outs[0]
+        if sinks and prev is not None and prev != src:
+            gw = val(rng.choice([8, 16]))
+            graph_outputs.append(gw)
+            op(2 * length, [prev], [gw])
+        ends.append(h)
+    if join == "one":
+        o = val(rng.choice([8, 16]))
+        op(1000, ends, [o])
+        graph_outputs.append(o)
+    elif join == "adds":
+        acc = ends[0]
+        for i, e in enumerate(ends[1:]):
+            o = val(rng.choice([8, 16, 32]))
+            op(1000 + i, [acc, e], [o])
+            acc = o
+        graph_outputs.append(acc)
+    else:
+        graph_outputs.extend(ends)
+    if horizontal:
+        keyed.sort(key=lambda t: (t[0], t[1]))
+    ops = [o for _, _, o in keyed]
+    return dict(ops=ops, value_bytes=value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+                aliases=[], fusible=[rng.random() < 0.6 for _ in ops], after=[])
+
+
 MIB = 1 << 20
 SEED_BYTES = 256 * 256 * 4

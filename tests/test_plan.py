@@ -4,7 +4,7 @@ import random
 import pytest
 
 import thunder_memfuse as tm
-from reference import MIB, SEED_BYTES, Graph, random_graph
+from reference import MIB, SEED_BYTES, Graph, random_chains_graph, random_graph
 from thunder_memfuse.seed import seed_graph_spec
 
 
@@ -40,6 +40,50 @@ def test_random_dags_are_optimal_against_brute_force():
         p = tm.plan(**spec)
         _check_plan_properties(g, spec, p)
         assert p.optimal, f"graph {i}: not proven optimal at the default cap: {spec}"
+        assert p.unfused_peak_bytes == g.min_peak(), f"graph {i}: {spec}"
+
+
+@pytest.mark.parametrize("max_states", [None, 1, 40])
+def test_parallel_chains_against_brute_force(max_states):
+    """Parallel-chain graphs (forks, joins, recomputation, weight-gradient
+    sinks, horizontal listing): whenever the plan says optimal its peak is the
+    brute-force optimum, and it is never worse than the input order.  With
+    max_states=1 the order comes from the heuristics and Liu's merging alone."""
+    rng = random.Random(2024)
+    n_optimal = n_liu = 0
+    for i in range(250):
+        spec = random_chains_graph(rng)
+        if len(spec["ops"]) > 14:
+            continue
+        g = Graph(**spec)
+        p = tm.plan(**spec, max_states=max_states)
+        _check_plan_properties(g, spec, p)
+        best = g.min_peak()
+        assert p.unfused_peak_bytes >= best
+        if p.optimal:
+            n_optimal += 1
+            assert p.unfused_peak_bytes == best, f"graph {i}: claims optimal: {spec}"
+        if max_states is None:
+            assert p.optimal, f"graph {i}: not proven at the default cap: {spec}"
+        n_liu += p.method == "liu"
+    assert n_optimal > 0
+    if max_states == 1:
+        assert n_liu > 0, "Liu's order never kept with the DP off"
+
+
+def test_liu_is_optimal_on_independent_chains():
+    """No fork (each chain frees only what it allocated), one join or none:
+    Liu's rule is exact (NOTE [liu merge]), so even with the DP off
+    (max_states=1) the plan reaches the brute-force optimum."""
+    rng = random.Random(77)
+    for i in range(200):
+        spec = random_chains_graph(rng, max_len=4, fork=False, join=rng.choice(["none", "one"]), sinks=False,
+                                   recompute=False)
+        if len(spec["ops"]) > 13:
+            continue
+        g = Graph(**spec)
+        p = tm.plan(**spec, max_states=1)
+        _check_plan_properties(g, spec, p)
         assert p.unfused_peak_bytes == g.min_peak(), f"graph {i}: {spec}"
 
 

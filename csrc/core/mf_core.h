@@ -130,7 +130,9 @@ typedef struct mf_plan_result {
 /* method, in detail: "lower-bound" (optimal, proven without search), "dp"
  * (optimal, proven or found by the DP), "dp-partial" (improved by the DP,
  * not proven), otherwise the heuristic whose order was kept: "input",
- * "greedy", "greedy-peak", "dfs", or "pieces" (per piece the best of them).
+ * "greedy", "greedy-peak", "dfs", "pieces" (per piece the best of them), or
+ * "liu" (Liu's hill/valley merging of parallel chains kept for at least one
+ * piece, mf_liu.c).
  * Orders respect NOTE [view order] (csrc/core/mf_graph.c): the producer of a
  * view runs after the producer of its base. */
 

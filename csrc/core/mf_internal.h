@@ -105,4 +105,34 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
 
 #define MF_FUSE_MAX_GROUP 512
 
+/* ---- Liu's hill/valley merging (mf_liu.c, NOTE [liu merge]) ----
+ * Workspace built once per plan: per op and per storage of the graph, and
+ * per local op of a piece of at most max_k ops, reused piece after piece. */
+typedef struct mf_liu_ws {
+    const mf_pg *pg;
+    const int32_t *piece_of;
+    int32_t *lmap;                    /* n: local index in the current piece, or -1 */
+    int32_t *lastp, *nlast, *onelast; /* ns: last piece reading it, its readers there, one of them */
+    int32_t *sstamp;                  /* ns: visited in this call (== stamp) */
+    /* indexed by local op (max_k) */
+    int32_t *parent, *nsucc, *npred;
+    int32_t *gfirst, *glast, *gnext, *grank; /* glued side sinks, in order */
+    int32_t *hroot, *onext, *ppos;    /* children's merged heap; next op of a segment; position in prev */
+    int32_t *sl, *sr, *snpl, *shead, *stail; /* segments (leftist heap nodes) */
+    int64_t *frees, *sdh, *sdv;
+    uint8_t *role;                    /* in the forest, glued side sink, in the head */
+    int32_t nseg, stamp, max_k;
+} mf_liu_ws;
+
+int mf_liu_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *piece_of, int32_t max_k,
+                mf_liu_ws *w);
+/* Order the k ops of piece `piece` (ops: the piece's ops in a valid order)
+ * by Liu's rule into out (k entries).  prev (may be NULL): an order of the
+ * same ops; a storage from before the piece that several of its ops read is
+ * then counted as freed by the one prev runs last (else never).
+ * *applied = 0 (out untouched) when the piece is all head (NOTE [liu
+ * merge]) or k < 3.  k <= max_k. */
+int mf_liu_order(mf_ctx *ctx, mf_liu_ws *w, const int32_t *ops, int32_t k, int32_t piece,
+                 const int32_t *prev, int32_t *out, int *applied);
+
 #endif /* MF_INTERNAL_H */

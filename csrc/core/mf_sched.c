@@ -10,15 +10,16 @@
  *  4. split into pieces at forced cut points (NOTE [cut points]; sinks such
  *     as weight gradients join a piece, NOTE [sinks]) and take,
  *     per piece, the best normalized restriction of every heuristic order
- *     (NOTE [normalized candidates]);
+ *     (NOTE [normalized candidates]), or, where strictly better, Liu's
+ *     hill/valley merging of the piece's parallel chains (mf_liu.c, NOTE
+ *     [liu merge]; pieces above the lower bound only);
  *  5. exact bottleneck DP over downward-closed sets, per piece, pieces with
- *     the highest peak first (NOTE [piece DP]), within a state budget
- *     (NOTE [state budget]);
+ *     the highest peak first (NOTE [piece DP]: free moves, and recomputation
+ *     glued to its consumer), within a state budget (NOTE [state budget]);
  *  6. windowed DP around the peak step of pieces the DP could not finish;
  *  7. fusion grouping (mf_fuse.c) on the final order.
  * The result is never worse than the input order (when valid) nor than any
- * heuristic: NOTE [never worse].  (Liu-style hill/valley merging of parallel
- * chains is not implemented; the DP covers what it would on small pieces.)
+ * heuristic: NOTE [never worse].
  *
  * Invariants: the current order `cur` is always a valid order; pos[] is its
  * inverse; dur[i] / lbef[i] are the unfused `during` and the live bytes
@@ -580,12 +581,19 @@ typedef struct seg_ws {
     /* persistent maps (size n / ns), -1 outside a call */
     int32_t *lmap, *smap;
     /* per segment (sized for k ops) */
-    int32_t *ops, *lborder, *tptr, *tidx, *lsalloc, *path;
-    uint64_t *pmask, *lsrd, *tbits;
+    int32_t *ops, *lborder, *tptr, *tidx, *lsalloc, *path, *lsptr, *lsucc, *run;
+    uint64_t *pmask, *lsrd, *tbits, *rbits;
     int64_t *ab, *lbv, *lsb;
     uint8_t *lsnever;
-    size_t c_ops, c_lborder, c_tptr, c_tidx, c_lsalloc, c_path, c_pmask, c_lsrd, c_tbits, c_ab, c_lbv,
-        c_lsb, c_lsnever;
+    size_t c_ops, c_lborder, c_tptr, c_tidx, c_lsalloc, c_path, c_lsptr, c_lsucc, c_run, c_pmask, c_lsrd,
+        c_tbits, c_rbits, c_ab, c_lbv, c_lsb, c_lsnever;
+    int32_t *gptr, *gidx; /* deferrable ops glued to each op (NOTE [piece DP], glue) */
+    uint8_t *glued;
+    size_t c_gptr, c_gidx, c_glued;
+    /* units of more than one op (NOTE [piece DP], glue) on a state's path:
+     * pool of [len, ops...] */
+    int32_t *pool;
+    size_t c_pool, n_pool;
     /* states */
     uint64_t *bits, *hash;
     int64_t *g, *live, *fval;
@@ -600,7 +608,8 @@ typedef struct seg_ws {
 
 static void seg_ws_free(mf_ctx *ctx, seg_ws *w)
 {
-    void *ps[] = {w->ops, w->lborder, w->tptr, w->tidx, w->lsalloc, w->path, w->pmask, w->lsrd, w->tbits,
+    void *ps[] = {w->ops, w->lborder, w->tptr, w->tidx, w->lsalloc, w->path, w->lsptr, w->lsucc, w->run,
+                  w->rbits, w->pool, w->gptr, w->gidx, w->glued, w->pmask, w->lsrd, w->tbits,
                   w->ab, w->lbv, w->lsb, w->lsnever, w->bits, w->hash, w->g, w->live, w->fval, w->parent,
                   w->last, w->depth, w->closed, w->tab, w->heap};
     size_t i;
@@ -748,7 +757,7 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
     mf_ctx *ctx = P->ctx;
     const mf_pg *pg = P->pg;
     seg_ws *w = P->sw;
-    int32_t k = b - a, W = (k + 63) / 64, i, j, nls = 0, nt = 0;
+    int32_t k = b - a, W = (k + 63) / 64, i, j, nls = 0, nt = 0, ne;
     int st;
     if ((st = grow(ctx, (void **)&w->ops, &w->c_ops, (size_t)k, sizeof(int32_t), 0)) ||
         (st = grow(ctx, (void **)&w->lborder, &w->c_lborder, (size_t)k, sizeof(int32_t), 0)) ||
@@ -757,7 +766,10 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
         (st = grow(ctx, (void **)&w->pmask, &w->c_pmask, (size_t)k * (size_t)W, sizeof(uint64_t), 0)) ||
         (st = grow(ctx, (void **)&w->tbits, &w->c_tbits, (size_t)W, sizeof(uint64_t), 0)) ||
         (st = grow(ctx, (void **)&w->ab, &w->c_ab, (size_t)k, sizeof(int64_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)))
+        (st = grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsptr, &w->c_lsptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->run, &w->c_run, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->rbits, &w->c_rbits, (size_t)W, sizeof(uint64_t), 0)))
         return st;
     for (i = 0; i < k; i++) {
         int32_t v = P->cur[a + i];
@@ -776,6 +788,25 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
                 w->pmask[(size_t)i * W + (size_t)(l >> 6)] |= (uint64_t)1 << (l & 63);
         }
     }
+    /* local successors (CSR), in local order */
+    ne = 0;
+    for (i = 0; i < k; i++) {
+        int32_t v = w->ops[i];
+        for (j = pg->succ_ptr[v]; j < pg->succ_ptr[v + 1]; j++)
+            if (w->lmap[pg->succ[j]] >= 0)
+                ne++;
+    }
+    if ((st = grow(ctx, (void **)&w->lsucc, &w->c_lsucc, (size_t)ne + 1, sizeof(int32_t), 0)))
+        return st;
+    ne = 0;
+    for (i = 0; i < k; i++) {
+        int32_t v = w->ops[i];
+        w->lsptr[i] = ne;
+        for (j = pg->succ_ptr[v]; j < pg->succ_ptr[v + 1]; j++)
+            if (w->lmap[pg->succ[j]] >= 0)
+                w->lsucc[ne++] = w->lmap[pg->succ[j]];
+    }
+    w->lsptr[k] = ne;
     if ((st = grow(ctx, (void **)&w->tidx, &w->c_tidx, (size_t)nt + 1, sizeof(int32_t), 0)) ||
         (st = grow(ctx, (void **)&w->lsalloc, &w->c_lsalloc, (size_t)nt + 1, sizeof(int32_t), 0)) ||
         (st = grow(ctx, (void **)&w->lsb, &w->c_lsb, (size_t)nt + 1, sizeof(int64_t), 0)) ||
@@ -809,6 +840,48 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
         }
     }
     w->tptr[k] = nt;
+    /* NOTE [piece DP], glue: deferrable ops and the op they are glued to */
+    if ((st = grow(ctx, (void **)&w->gptr, &w->c_gptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->gidx, &w->c_gidx, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->glued, &w->c_glued, (size_t)k + 1, 1, 0)))
+        return st;
+    for (i = 0; i < k; i++) {
+        int32_t q, z;
+        int ok = w->lsptr[i + 1] - w->lsptr[i] == 1;
+        for (z = 0; z < W && ok; z++)
+            if (w->pmask[(size_t)i * W + (size_t)z])
+                ok = 0;
+        for (q = w->tptr[i]; q < w->tptr[i + 1] && ok; q++) {
+            int32_t ls = w->tidx[q];
+            const uint64_t *rd = w->lsrd + (size_t)ls * W;
+            if (rd[i >> 6] >> (i & 63) & 1) {
+                if (!w->lsnever[ls])
+                    ok = 0; /* moving i would move a free */
+            } else if (w->lsalloc[ls] == i && w->lsb[ls] > 0 && !w->lsnever[ls]) {
+                int read = 0;
+                for (z = 0; z < W; z++)
+                    if (rd[z])
+                        read = 1;
+                if (!read)
+                    ok = 0; /* a transient allocation */
+            }
+        }
+        w->glued[i] = (uint8_t)ok;
+    }
+    memset(w->gptr, 0, sizeof(int32_t) * ((size_t)k + 1));
+    for (i = 0; i < k; i++)
+        if (w->glued[i])
+            w->gptr[w->lsucc[w->lsptr[i]] + 1]++;
+    for (i = 0; i < k; i++)
+        w->gptr[i + 1] += w->gptr[i];
+    for (i = 0; i < k; i++)
+        w->path[i] = w->gptr[i];
+    for (i = 0; i < k; i++)
+        if (w->glued[i]) {
+            int32_t u = w->lsucc[w->lsptr[i]];
+            w->gidx[w->path[u]++] = i;
+            w->pmask[(size_t)u * W + (size_t)(i >> 6)] &= ~((uint64_t)1 << (i & 63));
+        }
     /* ops by lower bound, descending (insertion sort: k <= MF_DP_MAX_OPS) */
     for (i = 0; i < k; i++) {
         int32_t x = i;
@@ -911,16 +984,172 @@ static int64_t seg_live_after(const seg_ws *w, const uint64_t *T, int32_t v, int
  * v, and states are closed with their optimal g (A*, consistent f).  In the
  * sink-heavy blocks of a backward pass (NOTE [sinks]) this removes the
  * factor 2 per pending weight gradient, and the same for adds that free
- * their inputs. */
+ * their inputs.
+ * Glue: an op x of the segment is "deferrable" when it has no predecessor in
+ * the segment, exactly one successor u in it, every storage it reads is
+ * never freed in the segment (lsnever: an output, or read after the
+ * segment), and every storage it allocates has a reader, is never freed here
+ * or has no bytes (recomputation from saved tensors, weight transposes: the
+ * local form of the floating ops of NOTE [cut points]).  Claim: some optimal
+ * order of the segment runs every deferrable x right before its u.  Take
+ * any order and move x to just before u (valid: x's predecessors ran before
+ * the segment; u is x's first successor, its others run after the segment).
+ * x frees nothing wherever it runs (what it reads stays live through the
+ * segment), and what it allocates stays live until u at least, so the steps
+ * between x's old place and u lose exactly alloc(x), x's new step costs
+ * live_before(u) - alloc(x) + alloc(x) <= u's step, which is unchanged, and
+ * the steps after u see the same sets.  Moving the deferrable ops one by one
+ * never raises the peak.  So the search only visits such "normalized"
+ * orders: x is glued to u (u's readiness ignores x; expanding u runs the
+ * unit "x..., u", whose steps all cost at most u's step since live only
+ * grows until u), and nothing else changes: g, h and f stay exact for the
+ * normalized orders, an order < U exists iff a normalized one does, and the
+ * free-move argument above holds for a unit as for one op (in a normalized
+ * completion the unit is contiguous, so moving it to the front is moving one
+ * block, and for S' >= S without the unit, live(S' + unit) - live(S') <=
+ * live(S + unit) - live(S) by the same storage-by-storage comparison).  In a
+ * checkpointed backward block each path's recomputation would otherwise
+ * double the states of every path not yet started (the 8-path blocks of
+ * benchmarks/scheduler_scaling.py: 89k -> 24k states, 164k -> 34k). */
+/* The unit of v: the ops glued to v (NOTE [piece DP], glue), then v.  Its
+ * most expensive step is v's: a glued op frees nothing and keeps all it
+ * allocates, so live only grows until v. */
+static int64_t unit_cost(const seg_ws *w, int32_t v, int64_t live)
+{
+    int32_t q;
+    int64_t c = live + w->ab[v];
+    for (q = w->gptr[v]; q < w->gptr[v + 1]; q++)
+        c += w->ab[w->gidx[q]];
+    return c;
+}
+
+/* Apply the unit of v to T (bitset) from live bytes `live`; append its ops to
+ * run[*m..].  Returns the live bytes after it. */
+static int64_t unit_apply(const seg_ws *w, uint64_t *T, int32_t v, int32_t W, int64_t live, int32_t *run,
+                          int32_t *m)
+{
+    int32_t q;
+    for (q = w->gptr[v]; q <= w->gptr[v + 1]; q++) {
+        int32_t x = q < w->gptr[v + 1] ? w->gidx[q] : v;
+        int64_t cost = live + w->ab[x];
+        T[x >> 6] |= (uint64_t)1 << (x & 63);
+        live = seg_live_after(w, T, x, W, cost);
+        run[(*m)++] = x;
+    }
+    return live;
+}
+
+/* A free move at S (NOTE [piece DP]): the first ready unit v (local order)
+ * whose steps cost <= lim and after which live <= live(S).  Returns the
+ * number of its ops (0: none), its ops in w->run, the set after it in
+ * w->rbits, its live bytes and its largest step cost. */
+static int32_t find_free(seg_ws *w, const uint64_t *S, int64_t live, int64_t lim, int32_t k, int32_t W,
+                         int64_t *live_out, int64_t *cost_out)
+{
+    int32_t v;
+    for (v = 0; v < k; v++) {
+        int64_t cost, lv;
+        int32_t m = 0;
+        if (w->glued[v] || (cost = unit_cost(w, v, live)) > lim || !seg_ready(w, S, v, W))
+            continue;
+        memcpy(w->rbits, S, sizeof(uint64_t) * (size_t)W);
+        lv = unit_apply(w, w->rbits, v, W, live, w->run, &m);
+        if (lv <= live) {
+            *live_out = lv;
+            *cost_out = cost;
+            return m;
+        }
+    }
+    return 0;
+}
+
+typedef struct seg_search {
+    int32_t k, W, nst;
+    size_t hn, tmask;
+    int capped;
+} seg_search;
+
+/* Reach state T (bitset) from state s by the ops run[0..m): insert it, or
+ * lower its f; push it on the heap.  Sets X->capped when a new state would
+ * exceed the job's cap. */
+static int seg_relax(plan_st *P, seg_job *J, seg_search *X, int32_t s, const uint64_t *T, int64_t g2,
+                     int64_t live2, const int32_t *run, int32_t m)
+{
+    mf_ctx *ctx = P->ctx;
+    seg_ws *w = P->sw;
+    int32_t W = X->W, t;
+    int64_t f2 = h_of(w, T, X->k);
+    uint64_t hv;
+    size_t h;
+    hentry e;
+    int st;
+    if (f2 < g2)
+        f2 = g2;
+    if (f2 < J->F)
+        f2 = J->F;
+    if (f2 >= J->U)
+        return MF_OK;
+    hv = hash_bits(T, W);
+    h = (size_t)hv & X->tmask;
+    while ((t = w->tab[h]) >= 0) {
+        if (w->hash[t] == hv && !memcmp(w->bits + (size_t)t * W, T, sizeof(uint64_t) * (size_t)W))
+            break;
+        h = (h + 1) & X->tmask;
+    }
+    if (t >= 0) {
+        if (w->closed[t] || f2 >= w->fval[t])
+            return MF_OK;
+    } else {
+        if (X->nst >= J->cap) {
+            X->capped = 1;
+            return MF_OK;
+        }
+        if ((st = states_reserve(ctx, w, (size_t)X->nst + 1, W)))
+            return st;
+        t = X->nst++;
+        memcpy(w->bits + (size_t)t * W, T, sizeof(uint64_t) * (size_t)W);
+        w->hash[t] = hv;
+        w->tab[h] = t;
+        w->closed[t] = 0;
+        w->depth[t] = w->depth[s] + m;
+        if ((size_t)X->nst * 2 > w->c_tab) {
+            if ((st = table_rebuild(ctx, w, w->c_tab * 2, X->nst)))
+                return st;
+            X->tmask = w->c_tab - 1;
+        }
+    }
+    if (m == 1) {
+        w->last[t] = run[0];
+    } else {
+        if (w->n_pool + (size_t)m + 1 > (size_t)INT32_MAX)
+            return mf_set_error(ctx, MF_ENOMEM, "out of memory (DP path pool)");
+        if ((st = grow(ctx, (void **)&w->pool, &w->c_pool, w->n_pool + (size_t)m + 1, sizeof(int32_t), 1)))
+            return st;
+        w->last[t] = -1 - (int32_t)w->n_pool;
+        w->pool[w->n_pool++] = m;
+        memcpy(w->pool + w->n_pool, run, sizeof(int32_t) * (size_t)m);
+        w->n_pool += (size_t)m;
+    }
+    w->g[t] = g2;
+    w->live[t] = live2;
+    w->fval[t] = f2;
+    w->parent[t] = s;
+    e.f = f2;
+    e.depth = w->depth[t];
+    e.idx = t;
+    return heap_push(ctx, w, &X->hn, e);
+}
+
 static int seg_solve(plan_st *P, seg_job *J)
 {
     mf_ctx *ctx = P->ctx;
     seg_ws *w = P->sw;
-    int32_t k = J->b - J->a, W, i, nst = 0, goal = -1;
-    size_t hn = 0, tmask;
+    int32_t k = J->b - J->a, W, i, goal = -1;
+    seg_search X;
     int st;
     hentry e;
 
+    memset(&X, 0, sizeof X);
     J->outcome = SEG_NO_BETTER;
     J->states = 0;
     J->bound = J->F;
@@ -929,11 +1158,14 @@ static int seg_solve(plan_st *P, seg_job *J)
     st = seg_setup(P, J->a, J->b, &W);
     if (st)
         goto out;
+    X.k = k;
+    X.W = W;
+    w->n_pool = 0;
     if ((st = states_reserve(ctx, w, 1024, W)))
         goto out;
     if ((st = table_rebuild(ctx, w, 2048, 0)))
         goto out;
-    tmask = w->c_tab - 1;
+    X.tmask = w->c_tab - 1;
     memset(w->bits, 0, sizeof(uint64_t) * (size_t)W);
     w->hash[0] = hash_bits(w->bits, W);
     w->g[0] = 0;
@@ -951,18 +1183,18 @@ static int seg_solve(plan_st *P, seg_job *J)
             J->bound = f0;
             goto out;
         }
-        w->tab[(size_t)w->hash[0] & tmask] = 0;
-        nst = 1;
+        w->tab[(size_t)w->hash[0] & X.tmask] = 0;
+        X.nst = 1;
         e.f = f0;
         e.depth = 0;
         e.idx = 0;
-        if ((st = heap_push(ctx, w, &hn, e)))
+        if ((st = heap_push(ctx, w, &X.hn, e)))
             goto out;
     }
-    while (hn > 0) {
-        int32_t s, v, forced;
-        const uint64_t *S;
-        e = heap_pop(w, &hn);
+    while (X.hn > 0) {
+        int32_t s, v, m;
+        int64_t lim, live2, maxc;
+        e = heap_pop(w, &X.hn);
         s = e.idx;
         if (w->closed[s] || e.f != w->fval[s])
             continue;
@@ -973,103 +1205,78 @@ static int seg_solve(plan_st *P, seg_job *J)
             break;
         }
         /* NOTE [piece DP] free moves: look for one first */
-        forced = -1;
-        {
-            int64_t lim = w->g[s] > J->F ? w->g[s] : J->F;
-            S = w->bits + (size_t)s * W;
-            for (v = 0; v < k && forced < 0; v++) {
-                int64_t cost = w->live[s] + w->ab[v];
-                if (cost > lim || !seg_ready(w, S, v, W))
+        lim = w->g[s] > J->F ? w->g[s] : J->F;
+        m = find_free(w, w->bits + (size_t)s * W, w->live[s], lim, k, W, &live2, &maxc);
+        if (m > 0) {
+            if (maxc < w->g[s])
+                maxc = w->g[s];
+            /* w->rbits is the set after the unit; copy it, the state array may move */
+            memcpy(w->tbits, w->rbits, sizeof(uint64_t) * (size_t)W);
+            if ((st = seg_relax(P, J, &X, s, w->tbits, maxc, live2, w->run, m)))
+                goto out;
+        } else {
+            for (v = 0; v < k; v++) {
+                uint64_t *T = w->tbits;
+                const uint64_t *S = w->bits + (size_t)s * W; /* re-read: the state array may move */
+                int64_t cost, g2;
+                int32_t m1 = 0;
+                if (w->glued[v] || !seg_ready(w, S, v, W))
                     continue;
-                memcpy(w->tbits, S, sizeof(uint64_t) * (size_t)W);
-                w->tbits[v >> 6] |= (uint64_t)1 << (v & 63);
-                if (seg_live_after(w, w->tbits, v, W, cost) <= w->live[s])
-                    forced = v;
+                cost = unit_cost(w, v, w->live[s]);
+                if (cost >= J->U)
+                    continue;
+                g2 = w->g[s] > cost ? w->g[s] : cost;
+                memcpy(T, S, sizeof(uint64_t) * (size_t)W);
+                live2 = unit_apply(w, T, v, W, w->live[s], w->run, &m1);
+                if ((st = seg_relax(P, J, &X, s, T, g2, live2, w->run, m1)))
+                    goto out;
+                if (X.capped)
+                    break;
             }
         }
-        for (v = forced >= 0 ? forced : 0; v < (forced >= 0 ? forced + 1 : k); v++) {
-            uint64_t *T = w->tbits;
-            int64_t cost, g2, live2, f2;
-            uint64_t hv;
-            size_t h;
-            int32_t t;
-            S = w->bits + (size_t)s * W; /* re-read: the state array may move */
-            if (!seg_ready(w, S, v, W))
-                continue;
-            cost = w->live[s] + w->ab[v];
-            if (cost >= J->U)
-                continue;
-            g2 = w->g[s] > cost ? w->g[s] : cost;
-            memcpy(T, S, sizeof(uint64_t) * (size_t)W);
-            T[v >> 6] |= (uint64_t)1 << (v & 63);
-            live2 = seg_live_after(w, T, v, W, cost);
-            f2 = h_of(w, T, k);
-            if (f2 < g2)
-                f2 = g2;
-            if (f2 < J->F)
-                f2 = J->F;
-            if (f2 >= J->U)
-                continue;
-            hv = hash_bits(T, W);
-            h = (size_t)hv & tmask;
-            while ((t = w->tab[h]) >= 0) {
-                if (w->hash[t] == hv && !memcmp(w->bits + (size_t)t * W, T, sizeof(uint64_t) * (size_t)W))
-                    break;
-                h = (h + 1) & tmask;
-            }
-            if (t >= 0) {
-                if (w->closed[t] || f2 >= w->fval[t])
-                    continue;
-            } else {
-                if (nst >= J->cap) {
-                    J->outcome = SEG_CAPPED;
-                    goto out;
-                }
-                if ((st = states_reserve(ctx, w, (size_t)nst + 1, W)))
-                    goto out;
-                t = nst++;
-                memcpy(w->bits + (size_t)t * W, T, sizeof(uint64_t) * (size_t)W);
-                w->hash[t] = hv;
-                w->tab[h] = t;
-                w->closed[t] = 0;
-                w->depth[t] = w->depth[s] + 1;
-                if ((size_t)nst * 2 > w->c_tab) {
-                    if ((st = table_rebuild(ctx, w, w->c_tab * 2, nst)))
-                        goto out;
-                    tmask = w->c_tab - 1;
-                }
-            }
-            w->g[t] = g2;
-            w->live[t] = live2;
-            w->fval[t] = f2;
-            w->parent[t] = s;
-            w->last[t] = v;
-            e.f = f2;
-            e.depth = w->depth[t];
-            e.idx = t;
-            if ((st = heap_push(ctx, w, &hn, e)))
-                goto out;
+        if (X.capped) {
+            J->outcome = SEG_CAPPED;
+            goto out;
         }
     }
     if (goal >= 0) {
-        /* rewrite cur[a..b) along the path; refresh pos, dur, lbef */
-        int32_t s = goal;
-        i = k;
+        /* the ops along the path to the goal; then rewrite cur[a..b) and
+         * refresh pos, dur, lbef by replaying them */
+        int32_t s = goal, np = 0, o = 0;
+        int64_t live = J->live0;
         while (w->parent[s] >= 0) {
-            w->path[--i] = s;
+            w->path[np++] = s;
             s = w->parent[s];
         }
+        while (np > 0) {
+            int32_t t = w->path[--np], c = w->last[t];
+            if (c >= 0) {
+                w->run[o++] = c;
+            } else {
+                const int32_t *r = w->pool + (-1 - c);
+                memcpy(w->run + o, r + 1, sizeof(int32_t) * (size_t)r[0]);
+                o += r[0];
+            }
+        }
+        if (o != k) {
+            st = mf_set_error(ctx, MF_EINTERNAL, "piece DP path has %d ops, expected %d", (int)o, (int)k);
+            goto out;
+        }
+        memset(w->tbits, 0, sizeof(uint64_t) * (size_t)W);
         for (i = 0; i < k; i++) {
-            int32_t t = w->path[i], v = w->ops[w->last[t]], p = w->parent[t];
+            int32_t lv = w->run[i], v = w->ops[lv];
+            int64_t cost = live + w->ab[lv];
             P->cur[J->a + i] = v;
             P->pos[v] = J->a + i;
-            P->lbef[J->a + i] = w->live[p];
-            P->dur[J->a + i] = w->live[p] + w->ab[w->last[t]];
+            P->lbef[J->a + i] = live;
+            P->dur[J->a + i] = cost;
+            w->tbits[lv >> 6] |= (uint64_t)1 << (lv & 63);
+            live = seg_live_after(w, w->tbits, lv, W, cost);
         }
         J->outcome = SEG_IMPROVED;
     }
 out:
-    J->states = nst;
+    J->states = X.nst;
     /* the maps must be clean for the next call; cur[a..b) holds the same ops */
     seg_unmap(P, J->a, J->b);
     return st;
@@ -1109,7 +1316,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
     int64_t win_cap = max_states / 32 > (max_states < 1024 ? max_states : 1024)
                           ? max_states / 32
                           : (max_states < 1024 ? max_states : 1024);
-    int fuse = opt ? opt->fuse : 1, input_valid, improved = 0, mixed = 0;
+    int fuse = opt ? opt->fuse : 1, input_valid, improved = 0, mixed = 0, liu_kept = 0;
     int st;
 
     memset(&P, 0, sizeof P);
@@ -1172,8 +1379,9 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         out->method = "lower-bound";
     } else {
         /* 4: pieces, best restriction of each heuristic per piece */
-        int32_t *order_of_piece;
+        int32_t *order_of_piece, *liu_buf = NULL;
         int64_t *ppeak, *plive0;
+        mf_liu_ws lw;
         int8_t *pdone;
         uint8_t *kind, *emitted;
         piece_of = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
@@ -1255,8 +1463,50 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             }
             if (bh != best_h)
                 mixed = 1;
-            ppeak[i] = bpk;
             memcpy(P.cur + lo, cand + (size_t)bh * n + lo, sizeof(int32_t) * (size_t)(hi - lo));
+            /* Liu's hill/valley merging (NOTE [liu merge] in mf_liu.c): more
+             * candidates for the piece, kept when strictly better.  The
+             * second pass counts a storage shared by several ops of the
+             * piece as freed by the one the first pass ran last.  Pieces
+             * already at or below the lower bound LB are left alone: the
+             * plan's peak cannot go below LB (the DP skips them too). */
+            if (bpk > LB) {
+                int applied = 1, pass;
+                if (!liu_buf) { /* first use: workspace for the largest piece */
+                    int32_t mk = 0, q;
+                    for (q = 0; q < np; q++)
+                        if (poff[q + 1] - poff[q] > mk)
+                            mk = poff[q + 1] - poff[q];
+                    liu_buf = (int32_t *)mf_arena_array(ctx, a, (size_t)mk * 2 + 1, sizeof(int32_t));
+                    if (!liu_buf)
+                        return MF_ENOMEM;
+                    if ((st = mf_liu_init(ctx, a, &pg, piece_of, mk, &lw)))
+                        return st;
+                }
+                for (pass = 0; pass < 2 && applied; pass++) {
+                    int32_t *lo_buf = liu_buf + (size_t)pass * (size_t)lw.max_k;
+                    int64_t pk = 0;
+                    if ((st = mf_liu_order(ctx, &lw, P.cur + lo, hi - lo, i, pass ? liu_buf : NULL, lo_buf,
+                                           &applied)))
+                        return st;
+                    if (!applied)
+                        break;
+                    for (j = 0; j < hi - lo; j++) {
+                        int64_t d = mf_tracker_apply(&tr, lo_buf[j]);
+                        if (d > pk)
+                            pk = d;
+                    }
+                    for (j = 0; j < hi - lo; j++)
+                        mf_tracker_undo(&tr, lo_buf[j]);
+                    tr.live = live0;
+                    if (pk < bpk) {
+                        bpk = pk;
+                        liu_kept = 1;
+                        memcpy(P.cur + lo, lo_buf, sizeof(int32_t) * (size_t)(hi - lo));
+                    }
+                }
+            }
+            ppeak[i] = bpk;
             for (j = lo; j < hi; j++) {
                 P.lbef[j] = tr.live;
                 P.dur[j] = mf_tracker_apply(&tr, P.cur[j]);
@@ -1372,6 +1622,8 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         }
         if (improved)
             out->method = "dp";
+        else if (liu_kept)
+            out->method = "liu";
         else if (mixed)
             out->method = "pieces";
         else

@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "mf_core.h"
+#include "mf_internal.h" /* white-box: mf_liu_order (NOTE [liu merge] in mf_liu.c) */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -1430,6 +1431,234 @@ static void test_errors(void)
 
 static void stack_graph(tg *g, int target_ops);
 
+/* ---- Liu's hill/valley merging (NOTE [liu merge] in mf_liu.c) ---- */
+
+typedef struct cop {
+    int ins[40], nin, outs[2], nout, key;
+} cop;
+
+/* Parallel chains: an optional fork op (reads a graph input; its output is
+ * read by every chain head), nch chains of 1..maxlen ops (random sizes, 0
+ * included; some ops with a second, unread output), optionally a floating
+ * "recompute" op per chain read by its head, a weight-gradient side sink per
+ * chain (reads the value before the last op; a graph output), and a join:
+ * 0 none (chain ends are outputs), 1 one op reading every end, 2 a chain of
+ * adds.  horizontal: ops listed step by step across chains (the order a
+ * dataflow fusion produces), else chain by chain (a valid order either way). */
+static void chains_graph(tg *g, int nch, int maxlen, int fork, int join, int sinks, int recompute,
+                         int horizontal)
+{
+    cop *ops = (cop *)xrealloc(NULL, sizeof(cop) * (size_t)(nch * (maxlen + 3) + 4));
+    int nops = 0, c, l, x, src, ends[32], i, j;
+    tg_init(g);
+    x = tg_value(g, 8 * (1 + rint_(8)), 1, -1, 0);
+    src = x;
+    if (fork) {
+        cop *o = &ops[nops++];
+        src = tg_value(g, 8 * (1 + rint_(8)), 0, -1, 0);
+        o->nin = 1;
+        o->ins[0] = x;
+        o->nout = 1;
+        o->outs[0] = src;
+        o->key = -1;
+    }
+    for (c = 0; c < nch; c++) {
+        int len = 1 + rint_(maxlen), h = src, prevh = -1;
+        for (l = 0; l < len; l++) {
+            cop *o;
+            if (l == 0 && recompute) {
+                int saved = tg_value(g, 16, 1, -1, 0), r = tg_value(g, 8 * (1 + rint_(6)), 0, -1, 0);
+                o = &ops[nops++];
+                o->nin = 1;
+                o->ins[0] = saved;
+                o->nout = 1;
+                o->outs[0] = r;
+                o->key = 0;
+                o = &ops[nops++];
+                o->nin = 2;
+                o->ins[0] = h;
+                o->ins[1] = r;
+            } else {
+                o = &ops[nops++];
+                o->nin = 1;
+                o->ins[0] = h;
+            }
+            o->nout = 1;
+            o->outs[0] = tg_value(g, rint_(6) == 0 ? 0 : 8 * (1 + rint_(16)), 0, -1, 0);
+            if (rint_(5) == 0)
+                o->outs[o->nout++] = tg_value(g, 8 * (1 + rint_(4)), 0, -1, 0); /* never read */
+            o->key = 2 * l + 1;
+            prevh = h;
+            h = o->outs[0];
+        }
+        if (sinks && prevh != src && prevh >= 0) {
+            cop *o = &ops[nops++];
+            o->nin = 1;
+            o->ins[0] = prevh;
+            o->nout = 1;
+            o->outs[0] = tg_value(g, 8 * (1 + rint_(2)), 0, -1, 1);
+            o->key = 2 * len;
+        }
+        ends[c] = h;
+    }
+    if (join == 1) {
+        cop *o = &ops[nops++];
+        o->nin = nch;
+        for (c = 0; c < nch; c++)
+            o->ins[c] = ends[c];
+        o->nout = 1;
+        o->outs[0] = tg_value(g, 8 * (1 + rint_(4)), 0, -1, 1);
+        o->key = 1000;
+    } else if (join == 2) {
+        int acc = ends[0];
+        for (c = 1; c < nch; c++) {
+            cop *o = &ops[nops++];
+            o->nin = 2;
+            o->ins[0] = acc;
+            o->ins[1] = ends[c];
+            o->nout = 1;
+            o->outs[0] = acc = tg_value(g, 8 * (1 + rint_(4)), 0, -1, 0);
+            o->key = 1000 + c;
+        }
+        g->is_output[acc] = 1;
+    } else {
+        for (c = 0; c < nch; c++)
+            g->is_output[ends[c]] = 1;
+    }
+    /* horizontal: stable sort by key (chain order kept within a step) */
+    for (i = 1; i < nops && horizontal; i++) {
+        cop t = ops[i];
+        for (j = i; j > 0 && ops[j - 1].key > t.key; j--)
+            ops[j] = ops[j - 1];
+        ops[j] = t;
+    }
+    for (i = 0; i < nops; i++)
+        tg_op(g, ops[i].ins, ops[i].nin, ops[i].outs, ops[i].nout, rint_(2));
+    free(ops);
+}
+
+/* Liu's order itself, as one piece: valid, and for independent chains (no
+ * fork, so each chain frees only what it allocated) with or without one
+ * join op, optimal (the exact case of NOTE [liu merge]). */
+static int liu_whitebox(const mf_graph_desc *d, const ref *r, int64_t *peak_out, int32_t *order)
+{
+    mf_ctx ctx;
+    mf_arena a = {NULL};
+    mf_pg pg;
+    mf_liu_ws lw;
+    int32_t ident[RMAX], piece_of[RMAX], order2[RMAX];
+    int applied = 0, i, st;
+    mf_ctx_init(&ctx, NULL);
+    for (i = 0; i < d->n_ops; i++) {
+        ident[i] = i;
+        piece_of[i] = 0;
+    }
+    st = mf_pg_build(&ctx, &a, d, &pg);
+    if (!st)
+        st = mf_liu_init(&ctx, &a, &pg, piece_of, d->n_ops, &lw);
+    if (!st)
+        st = mf_liu_order(&ctx, &lw, ident, d->n_ops, 0, NULL, order, &applied);
+    if (!st && applied) {
+        /* the second pass (shared storages freed by their last reader) */
+        int applied2 = 0;
+        st = mf_liu_order(&ctx, &lw, ident, d->n_ops, 0, order, order2, &applied2);
+        CHECK(st == MF_OK && applied2 && ref_valid(r, order2), "liu second pass: %d %s", st, ctx.err);
+    }
+    mf_arena_release(&ctx, &a);
+    CHECK(st == MF_OK, "liu white-box: %d %s", st, ctx.err);
+    if (st || !applied)
+        return 0;
+    *peak_out = ref_sim(r, order, NULL, 0, NULL);
+    return 1;
+}
+
+static void test_liu(void)
+{
+    int t, exact = 0, plans = 0, liu_capped = 0, liu_wide = 0, wide = 0;
+    /* exact case: independent chains, with or without one join */
+    for (t = 0; t < 400; t++) {
+        tg g;
+        mf_graph_desc d;
+        ref r;
+        mf_ctx ctx;
+        int64_t best, pk = -1;
+        int32_t order[RMAX];
+        chains_graph(&g, 2 + rint_(3), 4, 0, rint_(2), 0, 0, 0);
+        if (g.n_ops > 16) {
+            tg_free(&g);
+            continue;
+        }
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "liu exact %d: %s", t, ctx.err);
+        ref_build(&d, &r);
+        best = brute_min(&r);
+        if (g.n_ops >= 3) {
+            CHECK(liu_whitebox(&d, &r, &pk, order), "liu exact %d: not applied", t);
+            CHECK(ref_valid(&r, order), "liu exact %d: invalid order", t);
+            CHECK(pk == best, "liu exact %d: Liu's order peaks at %lld, optimum %lld", t, (long long)pk,
+                  (long long)best);
+        }
+        exact++;
+        tg_free(&g);
+    }
+    /* every shape: the plan against the subset DP, at the default cap and
+     * capped (check_plan_against_ref); Liu's own order valid */
+    for (t = 0; t < 300; t++) {
+        tg g;
+        mf_graph_desc d;
+        ref r;
+        mf_ctx ctx;
+        mf_plan_result res;
+        mf_plan_options opt;
+        int64_t pk;
+        int32_t order[RMAX];
+        chains_graph(&g, 2 + rint_(3), 3, rint_(2), rint_(3), rint_(2), rint_(2), rint_(2));
+        if (g.n_ops > 20 || g.n_ops < 3) {
+            tg_free(&g);
+            continue;
+        }
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "liu shapes %d: %s", t, ctx.err);
+        ref_build(&d, &r);
+        if (liu_whitebox(&d, &r, &pk, order))
+            CHECK(ref_valid(&r, order) && pk >= subset_min(&r), "liu shapes %d: order", t);
+        check_plan_against_ref(&d, &r, subset_min(&r), "liu shapes", t);
+        opt.max_states = 1;
+        opt.fuse = 1;
+        if (mf_plan(&ctx, &d, &opt, &res) == MF_OK && !strcmp(res.method, "liu"))
+            liu_capped++;
+        mf_plan_result_free(&ctx, &res);
+        plans++;
+        tg_free(&g);
+    }
+    /* wide blocks, listed horizontally: the DP is over its cap; valid,
+     * never worse than the input order */
+    for (t = 0; t < 12; t++) {
+        tg g;
+        mf_graph_desc d;
+        mf_ctx ctx;
+        mf_plan_result res;
+        int valid = 0;
+        chains_graph(&g, 12 + rint_(12), 8, 1, 1 + rint_(2), rint_(2), rint_(2), 1);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        CHECK(mf_plan(&ctx, &d, NULL, &res) == MF_OK, "liu wide %d: %s", t, ctx.err);
+        CHECK(mf_check_order(&ctx, &d, res.order, &valid) == MF_OK && valid, "liu wide %d: invalid", t);
+        CHECK(res.unfused_peak_bytes <= res.baseline_peak_bytes, "liu wide %d: worse than input", t);
+        if (!strcmp(res.method, "liu"))
+            liu_wide++;
+        wide++;
+        mf_plan_result_free(&ctx, &res);
+        tg_free(&g);
+    }
+    CHECK(liu_capped > 0, "Liu's order never kept on capped small chain graphs");
+    printf("Liu merging: %d independent-chain graphs optimal, %d shapes checked (Liu kept at cap 1: %d), "
+           "wide blocks: Liu kept in %d of %d\n",
+           exact, plans, liu_capped, liu_wide, wide);
+}
+
 /* ---- allocation failure injection ---- */
 
 typedef int (*call_fn)(mf_ctx *ctx, const mf_graph_desc *d, void *arg);
@@ -1525,6 +1754,24 @@ static void test_alloc_failures(void)
         tg_free(&g);
     }
     CHECK(found > 0, "no block graph needed the DP");
+    /* parallel chains with a fork and side sinks, DP capped, where Liu's
+     * order is kept (so its workspace was allocated) */
+    opt.max_states = 3;
+    opt.fuse = 1;
+    for (t = 0, found = 0; t < 200 && !found; t++) {
+        mf_ctx ctx;
+        mf_plan_result res;
+        chains_graph(&g, 6, 5, 1, 2, 1, 1, 1);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        if (mf_plan(&ctx, &d, &opt, &res) == MF_OK && !strcmp(res.method, "liu")) {
+            found = 1;
+            inject(&d, call_plan, &opt, "plan with Liu merging");
+        }
+        mf_plan_result_free(&ctx, &res);
+        tg_free(&g);
+    }
+    CHECK(found, "no chain graph kept Liu's order");
     /* a DP that grows its state arrays and hash table, capped, then windows */
     stack_graph(&g, 150);
     d = tg_desc(&g);
@@ -1617,6 +1864,7 @@ int main(int argc, char **argv)
     test_blocks();
     test_sinks();
     test_random_medium();
+    test_liu();
     test_alloc_failures();
     test_large(full);
     printf("%d checks, %d failures\n", g_checks, g_failures);
