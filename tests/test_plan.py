@@ -98,29 +98,33 @@ def test_small_dags_against_every_order():
         assert tm.plan(**spec).unfused_peak_bytes == best
 
 
+def best_grouping(g, order, allowed):
+    """(least peak, fewest groups) over every split of `order` into runs, each run of two or
+    more ops passing allowed(run); by exhaustion (small graphs)."""
+    best, n = None, len(order)
+    for cuts in range(1 << max(n - 1, 0)):
+        groups, cur = [], [order[0]]
+        for j in range(1, n):
+            if (cuts >> (j - 1)) & 1:
+                groups.append(cur)
+                cur = [order[j]]
+            else:
+                cur.append(order[j])
+        groups.append(cur)
+        if all(len(gr) == 1 or allowed(gr) for gr in groups):
+            key = (g.simulate(order, groups), len(groups))
+            best = key if best is None or key < best else best
+    return best
+
+
 def test_fusion_grouping_is_least_peak_then_fewest_groups():
     rng = random.Random(7)
     for _ in range(300):
         spec = random_graph(rng, max_ops=7)
         g = Graph(**spec)
         p = tm.plan(**spec)
-        order = p.order
         # all groupings of this order into runs of fusible ops
-        best = None
-        n = len(order)
-        for cuts in range(1 << max(n - 1, 0)):
-            groups, cur = [], [order[0]]
-            for j in range(1, n):
-                if (cuts >> (j - 1)) & 1:
-                    groups.append(cur)
-                    cur = [order[j]]
-                else:
-                    cur.append(order[j])
-            groups.append(cur)
-            if any(len(gr) > 1 and not all(spec["fusible"][k] for k in gr) for gr in groups):
-                continue
-            key = (g.simulate(order, groups), len(groups))
-            best = key if best is None or key < best else best
+        best = best_grouping(g, p.order, lambda gr: all(spec["fusible"][k] for k in gr))
         assert (p.peak_bytes, len(p.groups)) == best
 
 
@@ -132,12 +136,10 @@ def test_epilogue_pairs_against_every_grouping():
     for _ in range(300):
         spec = random_graph(rng, max_ops=7)
         g = Graph(**spec)
-        n = len(spec["ops"])
         cands = [(v, g.producer[x]) for v, (ins, _) in enumerate(spec["ops"]) for x in ins
                  if x in g.producer and g.producer[x] != v]
         epilogues = dict(rng.sample(cands, min(len(cands), 2)))  # v -> u, one head per v
         p = tm.plan(**spec, epilogues=sorted(epilogues.items()))
-        order = p.order
         st = g.storages()
 
         def pair_ok(grp):
@@ -145,21 +147,8 @@ def test_epilogue_pairs_against_every_grouping():
             return epilogues.get(v) == u and all(
                 not s["output"] and s["readers"] <= {v} for s in st.values() if s["counted"] and s["producer"] == u)
 
-        best = None
-        for cuts in range(1 << max(n - 1, 0)):
-            groups, cur = [], [order[0]]
-            for j in range(1, n):
-                if (cuts >> (j - 1)) & 1:
-                    groups.append(cur)
-                    cur = [order[j]]
-                else:
-                    cur.append(order[j])
-            groups.append(cur)
-            if any(len(gr) > 1 and not all(spec["fusible"][k] for k in gr) and not (len(gr) == 2 and pair_ok(gr))
-                   for gr in groups):
-                continue
-            key = (g.simulate(order, groups), len(groups))
-            best = key if best is None or key < best else best
+        fusible_or_pair = lambda gr: all(spec["fusible"][k] for k in gr) or (len(gr) == 2 and pair_ok(gr))  # noqa: E731
+        best = best_grouping(g, p.order, fusible_or_pair)
         assert (p.peak_bytes, len(p.groups)) == best
         assert p.peak_bytes <= p.unfused_peak_bytes
         formed += sum(1 for gr in p.groups if len(gr) == 2 and not all(spec["fusible"][k] for k in gr))
