@@ -832,6 +832,26 @@ def _check_gemm_inputs(*ts):
             raise NotImplementedError("cuBLAS path does not record autograd")
 
 
+def _matmul_shapes(a, b, error):
+    """torch.matmul's shape rules for a, b (at least 1-D each): (a2, b2, m, k, n, batch, result
+    shape), a2/b2 with 1-D operands made 2-D; `error` (an exception class) for shapes that do not
+    multiply or batch dims that do not broadcast."""
+    import torch
+
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    m, k = a2.shape[-2], a2.shape[-1]
+    if b2.shape[-2] != k:
+        raise error(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
+    n = b2.shape[-1]
+    try:
+        batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    except RuntimeError:
+        raise error(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from None
+    shape = list(batch) + ([m] if a.dim() != 1 else []) + ([n] if b.dim() != 1 else [])
+    return a2, b2, m, k, n, batch, shape
+
+
 def cuda_matmul(a, b):
     """torch.matmul(a, b) with cuBLAS on the current stream; output from PyTorch's allocator."""
     import torch
@@ -839,13 +859,7 @@ def cuda_matmul(a, b):
     _check_gemm_inputs(a, b)
     if a.dim() == 0 or b.dim() == 0:
         raise NotImplementedError("matmul of a 0-d tensor")
-    a2 = a.unsqueeze(0) if a.dim() == 1 else a
-    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    m, k = a2.shape[-2], a2.shape[-1]
-    if b2.shape[-2] != k:
-        raise RuntimeError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
-    n = b2.shape[-1]
-    batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    a2, b2, m, k, n, batch, shape = _matmul_shapes(a, b, RuntimeError)
     a2 = a2.expand(*batch, m, k)
     b2 = b2.expand(*batch, k, n)
     out = torch.empty(*batch, m, n, dtype=a.dtype, device=a.device)
@@ -854,11 +868,6 @@ def cuda_matmul(a, b):
             out.zero_()
         else:
             _gemm(a2, b2, out)
-    shape = list(batch)
-    if a.dim() != 1:
-        shape.append(m)
-    if b.dim() != 1:
-        shape.append(n)
     return out.view(shape)
 
 
@@ -1037,16 +1046,7 @@ def cuda_matmul_act(a, b, act="relu"):
     _check_act(act)
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError("matmul: both operands need at least one dimension")
-    a2 = a.unsqueeze(0) if a.dim() == 1 else a
-    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
-    m, k = a2.shape[-2], a2.shape[-1]
-    if b2.shape[-2] != k:
-        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
-    n = b2.shape[-1]
-    try:
-        batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-    except RuntimeError:
-        raise ValueError(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from None
+    a2, b2, m, k, n, batch, shape = _matmul_shapes(a, b, ValueError)
     _check_lt_inputs(a, b)
     out = torch.empty(*batch, m, n, dtype=a.dtype, device=a.device)
     if out.numel() != 0:
@@ -1063,9 +1063,4 @@ def cuda_matmul_act(a, b, act="relu"):
                 _lt_gemm(folded, b2, out.view(-1, n), None, act)
             else:
                 _lt_gemm(a2.expand(*batch, m, k), b2.expand(*batch, k, n), out, None, act)
-    shape = list(batch)
-    if a.dim() != 1:
-        shape.append(m)
-    if b.dim() != 1:
-        shape.append(n)
     return out.view(shape)
