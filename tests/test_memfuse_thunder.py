@@ -283,7 +283,7 @@ def test_general_fusion_executor_is_replaced():
     def fn(t0s, a):
         return memory_peak_inefficient_func(t0s, a).sin().add(1).cos()  # a chain to fuse
 
-    jf = thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(fuse=True)])
+    jf = thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(fuse=True, replace_fusion=True)])
     torch.testing.assert_close(jf(list(t0s), a), fn(list(t0s), a), rtol=1e-4, atol=1e-4)
     names = [ex.name for ex in thunder.compile_data(jf).executors_list]
     assert "torchcompile" not in names and "torch" in names
@@ -295,7 +295,7 @@ def test_general_fusion_executor_is_replaced():
     assert "replaced fusion executors: torchcompile" in tm.format_report(tm.report(jf))
 
 
-def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off():
+def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch):
     from types import SimpleNamespace
 
     from thunder.core.compile_data import compile_data_and_stats
@@ -309,9 +309,14 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off():
         return [ex.name for ex in cd.executors_list], getattr(cd, "_memfuse_replaced", ())
 
     names = ["torchcompile_xentropy", "torchcompile", "torch", "python"]
-    assert run_hook(MemFuse(), names) == (["torchcompile_xentropy", "torch", "python"], ("torchcompile",))
+    replaced = (["torchcompile_xentropy", "torch", "python"], ("torchcompile",))
+    assert run_hook(MemFuse(replace_fusion=True), names) == replaced
     assert run_hook(MemFuse(replace_fusion=False), names) == (names, ())
-    assert run_hook(MemFuse(), ["torch", "python"]) == (["torch", "python"], ())
+    assert run_hook(MemFuse(replace_fusion=True), ["torch", "python"]) == (["torch", "python"], ())
+    # "auto": only where memfuse's kernels can run (no GPU here: kept)
+    assert run_hook(MemFuse(), names) == (names, ())
+    monkeypatch.setattr(MemFuse, "_kernels_run_here", lambda self: True)
+    assert run_hook(MemFuse(), names) == replaced
     with pytest.raises(ValueError, match="replace_fusion"):
         MemFuse(replace_fusion="yes")
 

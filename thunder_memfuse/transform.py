@@ -40,7 +40,11 @@ _BACKENDS = ("auto", "cuda", "cpu")
 # Narrow fusion executors (torchcompile_cat, torchcompile_xentropy: one op
 # family each) stay; their regions are planned as single ops.  The price: those
 # passes also rematerialize between their own regions, which memfuse does not.
-# MemFuse(replace_fusion=False) keeps them and only plans around their regions.
+# So by default (replace_fusion="auto") they are replaced only where memfuse's
+# own kernels can run them instead (a CUDA device, the driver and NVRTC found,
+# a backend other than "cpu"): on a machine without them, taking nvFuser or
+# torch.compile away would leave their work to the op-by-op fallback.  True
+# replaces them everywhere; False keeps them and plans around their regions.
 GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
 
 
@@ -61,10 +65,11 @@ class MemFuse(Transform):
             that is on traces with CUDA tensors and a backend other than "cpu"; only
             reorder elsewhere (NOTE [fusion on CPU]).  True: always form regions
             (on CPU they run through the fallback).  False: only reorder.
-        replace_fusion: True (default): memfuse is the compilation's fusion pass;
-            nvFuser and the general torch.compile executor are taken out of its
-            executor list (NOTE [replacing the fusion pass]).  False: keep them, and
-            plan around their regions.
+        replace_fusion: "auto" (default): where memfuse's CUDA kernels can run, it is
+            the compilation's fusion pass: nvFuser and the general torch.compile
+            executor are taken out of its executor list (NOTE [replacing the fusion
+            pass]); elsewhere they are kept.  True: take them out everywhere.
+            False: keep them, and plan around their regions.
 
     The instance holds these options and, between an augmented forward and the
     backward Thunder hands over right after it, the names of the forward's
@@ -74,7 +79,7 @@ class MemFuse(Transform):
     """
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
-                 fuse: bool | str = "auto", replace_fusion: bool = True):
+                 fuse: bool | str = "auto", replace_fusion: bool | str = "auto"):
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
@@ -86,8 +91,8 @@ class MemFuse(Transform):
         if fuse not in (True, False, "auto"):
             raise ValueError(f"MemFuse: fuse must be True, False or 'auto', got {fuse!r}")
         self.fuse = fuse
-        if not isinstance(replace_fusion, bool):
-            raise ValueError(f"MemFuse: replace_fusion must be True or False, got {replace_fusion!r}")
+        if replace_fusion not in (True, False, "auto"):
+            raise ValueError(f"MemFuse: replace_fusion must be True, False or 'auto', got {replace_fusion!r}")
         self.replace_fusion = replace_fusion
 
     def __repr__(self):
@@ -99,7 +104,7 @@ class MemFuse(Transform):
         """Runs before Thunder claims ops for executors: take the general fusion
         executors out of this compilation (NOTE [replacing the fusion pass]).
         The traces themselves are returned unchanged."""
-        if self.replace_fusion:
+        if self.replace_fusion is True or (self.replace_fusion == "auto" and self._kernels_run_here()):
             try:
                 _replace_fusion_executors(get_compile_data())
             except Exception as e:  # the compilation goes on with its executors
@@ -123,6 +128,19 @@ class MemFuse(Transform):
             return computation_trace
 
     # -------------------------------------------------------------------------------
+    def _kernels_run_here(self) -> bool:
+        """Can memfuse's generated kernels run in this process (NOTE [replacing the
+        fusion pass])?  Any failure to tell counts as no."""
+        if self.backend == "cpu":
+            return False
+        try:
+            from .kernels import cuda_status
+
+            st = cuda_status()
+            return bool(st["can_run"] and st["torch_cuda"]["available"])
+        except Exception:
+            return False
+
     def _fuses(self, bsyms) -> bool:
         """NOTE [fusion on CPU]: the cost model says a region's inner values are
         never materialized, which holds for a generated kernel.  The CPU
