@@ -818,6 +818,28 @@ def test_region_dims_collapse_and_variants():
     assert r2.launch_params(ca_new, o2)[2] != r2.launch_params(ca, o2)[2]
 
 
+def test_failed_variant_is_not_compiled_again(monkeypatch):
+    fn, make = CASES["relu_add_broadcast"]
+    tr, bsyms, inputs, outs, _ = _thunder_region(fn, *make())
+    region = K.build_cuda_region(bsyms, inputs, outs)
+    compiles = []
+
+    def failing_compile(src, arch, **kw):
+        compiles.append(arch)
+        raise RuntimeError("nvrtc: out of registers")
+
+    monkeypatch.setattr(K, "_device_info", lambda device: (90, 132))
+    monkeypatch.setattr(K, "nvrtc_compile", failing_compile)
+    with pytest.raises(RuntimeError, match="out of registers"):
+        region._function(0, 2, False, False)
+    with pytest.raises(NotImplementedError, match="out of registers"):
+        region._function(0, 2, False, False)
+    assert compiles == [90]  # tried once
+    with pytest.raises(RuntimeError):  # another variant is its own try
+        region._function(0, 1, False, True)
+    assert compiles == [90, 90]
+
+
 def test_build_region_rejects_unsupported():
     import thunder
 

@@ -339,6 +339,18 @@ def test_linear_act_against_torch(cublaslt, dtype, bias, mkn):
     assert (got >= 0).all()
 
 
+def test_linear_act_propagates_nan_like_torch(cublaslt):
+    """torch.relu keeps NaN; if cuBLASLt's RELU epilogue computes max(x, 0) with fmaxf
+    semantics it would turn a NaN pre-activation into 0.  Users debugging NaNs rely on them
+    surviving, so a difference here means the epilogue must not be used for relu."""
+    x = torch.randn(4, 32, device=DEV)
+    x[1, 3] = float("nan")
+    w = torch.randn(16, 32, device=DEV)
+    got = K.cuda_linear_act(x, w)
+    want = _ref_linear_act(x, w, None)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN handling differs from torch.relu"
+
+
 @pytest.mark.parametrize("dtype", LT_DTYPES, ids=str)
 @pytest.mark.parametrize("xshape", [(2, 3, 32), (4, 1, 5, 32), (32,)], ids=str)
 def test_linear_act_leading_dims(cublaslt, dtype, xshape):

@@ -301,11 +301,11 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch
     from thunder.core.compile_data import compile_data_and_stats
     from thunder.extend import get_executor
 
-    def run_hook(transform, names):
+    def run_hook(transform, names, trace=None):
         cd = SimpleNamespace(executors_list=tuple(get_executor(n) for n in names))
         with compile_data_and_stats(cd, None):
-            out = transform.transform_traces_pre_prologue("p", "c", "e")
-        assert out == ("p", "c", "e")  # the traces pass through
+            out = transform.transform_traces_pre_prologue("p", trace, "e")
+        assert out == ("p", trace, "e")  # the traces pass through
         return [ex.name for ex in cd.executors_list], getattr(cd, "_memfuse_replaced", ())
 
     names = ["torchcompile_xentropy", "torchcompile", "torch", "python"]
@@ -313,10 +313,20 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch
     assert run_hook(MemFuse(replace_fusion=True), names) == replaced
     assert run_hook(MemFuse(replace_fusion=False), names) == (names, ())
     assert run_hook(MemFuse(replace_fusion=True), ["torch", "python"]) == (["torch", "python"], ())
-    # "auto": only where memfuse's kernels can run (no GPU here: kept)
-    assert run_hook(MemFuse(), names) == (names, ())
+    # "auto": only where memfuse's kernels take the fusion over: CUDA tensors, regions on,
+    # kernels that can run here
+    cuda_trace = thunder.trace()(lambda t: t.sin(), torch.empty(2, device="meta"))
+    for b in cuda_trace.bound_symbols:
+        for o in b.flat_proxy_outs:
+            if hasattr(o, "device"):
+                monkeypatch.setattr(o, "_device", thunder.core.devices.Device("cuda:0"), raising=False)
+    monkeypatch.setattr(MemFuse, "_kernels_run_here", lambda self: False)
+    assert run_hook(MemFuse(), names, cuda_trace) == (names, ())
     monkeypatch.setattr(MemFuse, "_kernels_run_here", lambda self: True)
-    assert run_hook(MemFuse(), names) == replaced
+    assert run_hook(MemFuse(), names, cuda_trace) == replaced
+    assert run_hook(MemFuse(fuse=False), names, cuda_trace) == (names, ())
+    cpu_trace = thunder.trace()(lambda t: t.sin(), torch.empty(2))
+    assert run_hook(MemFuse(), names, cpu_trace) == (names, ())
     with pytest.raises(ValueError, match="replace_fusion"):
         MemFuse(replace_fusion="yes")
 
@@ -395,6 +405,33 @@ def test_region_kernel_failures_fall_back(monkeypatch):
         torch.testing.assert_close(run(x)[0], expected)
     assert calls == [0, 1]
 
+    # what a failed kernel call allocated is gone before the fallback runs
+    import weakref
+
+    refs, alive_in_fallback = [], []
+    real_fallback = executor._fallback_callable
+
+    def watching_fallback(*a):
+        fb = real_fallback(*a)
+
+        def call(*args):
+            alive_in_fallback.append(any(r() is not None for r in refs))
+            return fb(*args)
+
+        return call
+
+    def leaky_kernel(*args):
+        out = torch.empty(1000)
+        refs.append(weakref.ref(out))
+        raise NotImplementedError("layout needs a copy")
+
+    monkeypatch.setattr(executor, "_fallback_callable", watching_fallback)
+    monkeypatch.setattr(kernels, "build_cuda_region", lambda *a: leaky_kernel)
+    run = executor.make_region_callable("MemFuseT", body, [trace.args[0]], outputs)
+    for _ in range(2):
+        torch.testing.assert_close(run(x)[0], expected)
+    assert alive_in_fallback == [False, False]
+
 
 def test_epilogue_regions_gemm_relu(monkeypatch):
     """executor.py NOTE [epilogue regions]: with regions on, a matmul/linear whose result only
@@ -432,7 +469,7 @@ def test_epilogue_regions_gemm_relu(monkeypatch):
     assert calls[0][1][0] is x and calls[0][1][1] is w and calls[0][1][2] is b
 
 
-def test_epilogue_pair_predicate():
+def test_epilogue_pair_predicate(monkeypatch):
     from thunder_memfuse.executor import epilogue_pair
 
     def f(x, w):
@@ -449,6 +486,19 @@ def test_epilogue_pair_predicate():
     assert not epilogue_pair(bs[2], bs[3])  # gelu: not an epilogue we run
     assert not epilogue_pair(bs[4], bs[5])  # float64: cuBLASLt path covers fp32/fp16/bf16
     assert not epilogue_pair(bs[2], bs[1])  # relu of another matmul's result
+
+    # CUDA tensors: a pair only where cuBLASLt is there to run it
+    from thunder.core.devices import Device
+    from thunder_memfuse import executor
+
+    for b in bs[:2]:
+        for p in list(b.flat_proxy_args) + list(b.flat_proxy_outs):
+            if hasattr(p, "_device"):
+                monkeypatch.setattr(p, "_device", Device("cuda:0"))
+    monkeypatch.setattr(executor, "_cublaslt_found", lambda: False)
+    assert not epilogue_pair(bs[0], bs[1])
+    monkeypatch.setattr(executor, "_cublaslt_found", lambda: True)
+    assert epilogue_pair(bs[0], bs[1])
 
 
 def _arg_name(bsym, proxy):

@@ -151,6 +151,9 @@ def test_epilogue_pairs_against_every_grouping():
         best = best_grouping(g, p.order, fusible_or_pair)
         assert (p.peak_bytes, len(p.groups)) == best
         assert p.peak_bytes <= p.unfused_peak_bytes
+        sim = tm.simulate(spec["ops"], spec["value_bytes"], p.order, p.groups, graph_inputs=spec["graph_inputs"],
+                          graph_outputs=spec["graph_outputs"], aliases=spec["aliases"])[0]
+        assert sim == p.peak_bytes == g.simulate(p.order, p.groups)
         formed += sum(1 for gr in p.groups if len(gr) == 2 and not all(spec["fusible"][k] for k in gr))
     assert formed > 0  # some pairs of a non-fusible head were formed
 
@@ -235,7 +238,7 @@ def test_max_states_cap_still_returns_a_valid_plan():
         (dict(ops=[([], [0])], value_bytes=[-4]), ValueError, "value_bytes[0]"),
         (dict(ops=[([], [0]), ([], [1])], value_bytes=[1, 1], after=[(0, 1), (1, 0)]), ValueError, "cycle"),
         (dict(ops=[([], [0])], value_bytes=[1], after=[(0, 0)]), ValueError, "cycle"),
-        (dict(ops=[([], [0])], value_bytes=[1], epilogues=[(0, 0)]), ValueError, "own epilogue"),
+        (dict(ops=[([], [0])], value_bytes=[1], epilogues=[(0, 0)]), ValueError, "epilogue_of 0 is not another op"),
         (dict(ops=[([], [0])], value_bytes=[1], epilogues=[(0, 3)]), ValueError, "epilogues[0][1]"),
         (dict(ops=[([], [0])], value_bytes=["4"]), TypeError, "value_bytes[0]"),
         (dict(ops=[(["a"], [0])], value_bytes=[4]), TypeError, "ops[0][0] (inputs)[0]"),

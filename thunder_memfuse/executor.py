@@ -9,6 +9,7 @@ _del_last_used dropping every intermediate as soon as it is dead.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from inspect import Parameter, Signature
 
@@ -65,8 +66,22 @@ def epilogue_pair(gemm, act) -> bool:
         return False  # relu(x, inplace=True) and anything unexpected
     out = outs[0]
     tensors = [a for a in gemm.flat_proxy_args if isinstance(a, TensorProxy)]
-    return (str(out.dtype).split(".")[-1].rstrip("_") in _EPILOGUE_DTYPES
-            and len({t.device.type for t in tensors}) == 1)
+    devices = {t.device.type for t in tensors}
+    if str(out.dtype).split(".")[-1].rstrip("_") not in _EPILOGUE_DTYPES or len(devices) != 1:
+        return False
+    # on CUDA the pair saves the pre-activation only if cuBLASLt runs it: without the library
+    # every call would fall back, so the plan's figure would not hold
+    return devices != {"cuda"} or _cublaslt_found()
+
+
+@functools.lru_cache(maxsize=1)
+def _cublaslt_found() -> bool:
+    try:
+        from .kernels import cuda_status
+
+        return bool(cuda_status()["cublaslt"]["found"])
+    except Exception:
+        return False
 
 
 def is_cuda_gemm(bsym) -> bool:
@@ -133,41 +148,34 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
     # "proven": the kernel has run once.  Building only lowers a region; NVRTC, the module load
     # and the launch happen on the first call, so any error there also sends the region to the
     # fallback, for good (regions are pure: running them again is safe); an error after a first
-    # success sends only that call there.  NotImplementedError is a case one call's arguments fall
-    # outside of: that call falls back, the next tries again.
+    # success sends only that call there.  NotImplementedError from a built kernel is a case one
+    # call's arguments fall outside of: that call falls back, the next tries again.  The fallback
+    # runs after the except clause: the exception's traceback would otherwise keep the kernel's
+    # frames, and any output it had allocated, alive next to the fallback's own.
     state = {"kernel": None, "failed": False, "proven": False}
-
-    def give_up(e, args):
-        state["failed"] = True
-        if backend == "cuda" or not isinstance(e, NotImplementedError):  # unsupported: expected
-            warnings.warn(f"memfuse: region {name} runs on the fallback path: {type(e).__name__}: {e}",
-                          RuntimeWarning)
-        return fallback(*args)
 
     def run(*args):
         if state["failed"] or not _all_cuda(args):
             return fallback(*args)
-        kernel = state["kernel"]
-        if kernel is None:
-            try:
-                kernel = state["kernel"] = build()
-            except Exception as e:  # unsupported or failed to build
-                return give_up(e, args)
+        why = None
         try:
-            out = kernel(*args)
-        except NotImplementedError as e:  # a case the kernel does not cover (shape, dtype)
-            if backend == "cuda":
-                warnings.warn(f"memfuse: region {name} runs on the fallback path: {e}", RuntimeWarning)
-            return fallback(*args)
-        except Exception as e:  # compile, load or launch failed
-            if not state["proven"]:  # on the first call: the kernel path is broken
-                return give_up(e, args)
-            # later (a new stride pattern's variant, say): this call only
-            warnings.warn(f"memfuse: region {name} call runs on the fallback path: {type(e).__name__}: {e}",
-                          RuntimeWarning)
-            return fallback(*args)
-        state["proven"] = True
-        return out
+            if state["kernel"] is None:
+                state["kernel"] = build()
+            out = state["kernel"](*args)
+        except NotImplementedError as e:  # unsupported: expected, said only with backend="cuda"
+            why = (f"NotImplementedError: {e}", state["kernel"] is None, backend == "cuda")
+        except Exception as e:  # failed to build, compile, load or launch
+            why = (f"{type(e).__name__}: {e}", not state["proven"], True)
+        if why is None:
+            state["proven"] = True
+            return out
+        message, for_good, loud = why
+        if for_good:
+            state["failed"] = True
+        if loud:
+            what = "runs" if for_good else "call runs"
+            warnings.warn(f"memfuse: region {name} {what} on the fallback path: {message}", RuntimeWarning)
+        return fallback(*args)
 
     run.__name__ = name
     run.__qualname__ = name

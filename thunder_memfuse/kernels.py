@@ -573,6 +573,7 @@ class CudaRegion:
         self.prog = prog
         self._lock = threading.Lock()
         self._functions = {}  # (device, ndim, index64, contiguous) -> CUfunction int
+        self._broken = {}     # the same keys -> why compiling or loading failed
         self.sources = {}     # (ndim, index64, contiguous) -> source (for inspection)
         self._torch_dtypes = [getattr(torch, dt) for _, _, dt in prog.out_info]
         self._expect = {}
@@ -592,15 +593,23 @@ class CudaRegion:
         return src
 
     def _function(self, device: int, ndim: int, index64: bool, contiguous: bool):
+        """The loaded kernel of one variant.  A variant that failed to compile or load once
+        raises NotImplementedError from then on (its call falls back) instead of trying again."""
         key = (device, ndim, index64, contiguous)
         fn = self._functions.get(key)
         if fn is None:
             with self._lock:
                 fn = self._functions.get(key)
                 if fn is None:
-                    arch, _ = _device_info(device)
-                    res = nvrtc_compile(self.source(ndim, index64, contiguous), arch)
-                    fn = _C.cuda_load_function(res["image"], _codegen_info()["kernel_name"], device)
+                    if key in self._broken:
+                        raise NotImplementedError(f"kernel variant {key} failed before: {self._broken[key]}")
+                    try:
+                        arch, _ = _device_info(device)
+                        res = nvrtc_compile(self.source(ndim, index64, contiguous), arch)
+                        fn = _C.cuda_load_function(res["image"], _codegen_info()["kernel_name"], device)
+                    except Exception as e:
+                        self._broken[key] = f"{type(e).__name__}: {str(e)[:500]}"
+                        raise
                     self._functions[key] = fn
         return fn
 
@@ -819,17 +828,32 @@ def _gemm(a, b, out, *, beta=0.0):
                    max(batch, 1), dt, 1.0, float(beta), allow_tf32)
 
 
+def _check_blas_inputs(ts, path: str, dtypes, cuda: bool = True) -> None:
+    """NotImplementedError for tensors the cuBLAS / cuBLASLt paths do not take (device, dtype,
+    autograd).  cuda=False skips the CUDA-device check only (tests run the cuBLASLt path on a
+    stand-in library)."""
+    import torch
+
+    dev, dtype = ts[0].device, ts[0].dtype
+    for t in ts:
+        if cuda and not t.is_cuda:
+            raise NotImplementedError(f"{path} path needs CUDA tensors, got one on {t.device}")
+        if t.device != dev:
+            raise NotImplementedError(f"{path} path: tensors on {dev} and {t.device}")
+        if t.dtype != dtype:
+            raise NotImplementedError(f"{path} path: mixed dtypes {dtype} and {t.dtype}")
+        if t.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError(f"{path} path does not record autograd")
+    if _torch_dtype_name(dtype) not in dtypes:
+        raise NotImplementedError(f"{path} path: dtype {dtype} (covered: {', '.join(dtypes)})")
+
+
 def _check_gemm_inputs(*ts):
     import torch
 
-    dev = ts[0].device
-    for t in ts:
-        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.device != dev:
-            raise NotImplementedError("cuBLAS path needs CUDA tensors on one device")
-        if t.dtype != ts[0].dtype or _torch_dtype_name(t.dtype) not in _GEMM_DTYPES:
-            raise NotImplementedError(f"cuBLAS path: dtype {t.dtype}")
-        if t.requires_grad and torch.is_grad_enabled():
-            raise NotImplementedError("cuBLAS path does not record autograd")
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        raise NotImplementedError("cuBLAS path takes tensors only")
+    _check_blas_inputs(ts, "cuBLAS", _GEMM_DTYPES)
 
 
 def _matmul_shapes(a, b, error):
@@ -931,22 +955,7 @@ def _check_tensor_args(**named) -> None:
 
 
 def _check_lt_inputs(*ts, cuda=True) -> None:
-    """NotImplementedError for tensors the cuBLASLt path does not take (device, dtype, autograd).
-    cuda=False skips the CUDA-device check only (tests run the path on a stand-in library)."""
-    import torch
-
-    dev, dtype = ts[0].device, ts[0].dtype
-    for t in ts:
-        if cuda and not t.is_cuda:
-            raise NotImplementedError(f"cuBLASLt path needs CUDA tensors, got one on {t.device}")
-        if t.device != dev:
-            raise NotImplementedError(f"cuBLASLt path: tensors on {dev} and {t.device}")
-        if t.dtype != dtype:
-            raise NotImplementedError(f"cuBLASLt path: mixed dtypes {dtype} and {t.dtype}")
-        if t.requires_grad and torch.is_grad_enabled():
-            raise NotImplementedError("cuBLASLt path does not record autograd")
-    if _torch_dtype_name(dtype) not in _LT_DTYPES:
-        raise NotImplementedError(f"cuBLASLt path: dtype {dtype} (covered: float32, float16, bfloat16)")
+    _check_blas_inputs(ts, "cuBLASLt", _LT_DTYPES, cuda)
 
 
 def _lt_problem(a, b, out, bias) -> tuple:

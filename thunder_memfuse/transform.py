@@ -41,9 +41,10 @@ _BACKENDS = ("auto", "cuda", "cpu")
 # family each) stay; their regions are planned as single ops.  The price: those
 # passes also rematerialize between their own regions, which memfuse does not.
 # So by default (replace_fusion="auto") they are replaced only where memfuse's
-# own kernels can run them instead (a CUDA device, the driver and NVRTC found,
-# a backend other than "cpu"): on a machine without them, taking nvFuser or
-# torch.compile away would leave their work to the op-by-op fallback.  True
+# own kernels take their work over: regions on (fuse not False), CUDA tensors
+# in the trace, a CUDA device with the driver and NVRTC found, a backend other
+# than "cpu".  Elsewhere taking nvFuser or torch.compile away would leave their
+# work to single torch ops.  True
 # replaces them everywhere; False keeps them and plans around their regions.
 GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
 
@@ -104,7 +105,7 @@ class MemFuse(Transform):
         """Runs before Thunder claims ops for executors: take the general fusion
         executors out of this compilation (NOTE [replacing the fusion pass]).
         The traces themselves are returned unchanged."""
-        if self.replace_fusion is True or (self.replace_fusion == "auto" and self._kernels_run_here()):
+        if self.replace_fusion is True or (self.replace_fusion == "auto" and self._replaces(computation_trace)):
             try:
                 _replace_fusion_executors(get_compile_data())
             except Exception as e:  # the compilation goes on with its executors
@@ -128,6 +129,13 @@ class MemFuse(Transform):
             return computation_trace
 
     # -------------------------------------------------------------------------------
+    def _replaces(self, computation_trace) -> bool:
+        """replace_fusion="auto": will memfuse's own kernels take over the fusion of
+        this trace?  Regions on (fuse not False), CUDA tensors in the trace, and the
+        kernels can run in this process."""
+        return (self.fuse is not False and _has_cuda_tensors(computation_trace.bound_symbols)
+                and self._kernels_run_here())
+
     def _kernels_run_here(self) -> bool:
         """Can memfuse's generated kernels run in this process (NOTE [replacing the
         fusion pass])?  Any failure to tell counts as no."""

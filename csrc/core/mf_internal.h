@@ -130,8 +130,9 @@ int mf_liu_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *piece_
  * by Liu's rule into out (k entries).  prev (may be NULL): an order of the
  * same ops; a storage from before the piece that several of its ops read is
  * then counted as freed by the one prev runs last (else never).
- * *applied = 0 (out untouched) when the piece is all head (NOTE [liu
- * merge]) or k < 3.  k <= max_k. */
+ * *applied = 0 when the piece is all head (NOTE [liu merge]) or k < 3;
+ * out is then not an order (it may be partly written): ignore it.
+ * k <= max_k. */
 int mf_liu_order(mf_ctx *ctx, mf_liu_ws *w, const int32_t *ops, int32_t k, int32_t piece,
                  const int32_t *prev, int32_t *out, int *applied);
 
