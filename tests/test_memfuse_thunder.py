@@ -327,6 +327,8 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch
     assert run_hook(MemFuse(fuse=False), names, cuda_trace) == (names, ())
     cpu_trace = thunder.trace()(lambda t: t.sin(), torch.empty(2))
     assert run_hook(MemFuse(), names, cpu_trace) == (names, ())
+    with pytest.warns(RuntimeWarning, match="kept the fusion executors"):  # not a trace: warn, keep going
+        assert run_hook(MemFuse(), names, object()) == (names, ())
     with pytest.raises(ValueError, match="replace_fusion"):
         MemFuse(replace_fusion="yes")
 

@@ -105,14 +105,14 @@ class MemFuse(Transform):
         """Runs before Thunder claims ops for executors: take the general fusion
         executors out of this compilation (NOTE [replacing the fusion pass]).
         The traces themselves are returned unchanged."""
-        if self.replace_fusion is True or (self.replace_fusion == "auto" and self._replaces(computation_trace)):
-            try:
+        try:
+            if self.replace_fusion is True or (self.replace_fusion == "auto" and self._replaces(computation_trace)):
                 _replace_fusion_executors(get_compile_data())
-            except Exception as e:  # the compilation goes on with its executors
-                if self.strict:
-                    raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
-                warnings.warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}", RuntimeWarning,
-                              stacklevel=2)
+        except Exception as e:  # the compilation goes on with its executors
+            if self.strict:
+                raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
+            warnings.warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}", RuntimeWarning,
+                          stacklevel=2)
         return prologue_trace, computation_trace, epilogue_trace
 
     def transform_trace_post_optimization(self, computation_trace, **kwargs):
