@@ -7,7 +7,8 @@ arguments, allocate the outputs from PyTorch's allocator, and pack the kernel pa
 (strides collapsed, 32/64-bit index and contiguous variant chosen).  This runs exactly that
 path (CudaRegion.prepare) on CPU tensors for regions memfuse forms on real traces, and prints
 microseconds per call: the part of a region's launch latency that is ours.  On a GPU the
-driver launch (~3-5 us) and torch.cuda.current_stream come on top.  Asserts nothing.
+driver launch (~3-5 us) and torch.cuda.current_stream come on top.  The last row times the Python
+steps of a GEMM + ReLU region (kernels.cuda_matmul_act) before its cuBLASLt call.  Asserts nothing.
 """
 from __future__ import annotations
 
@@ -61,6 +62,30 @@ def _value(p):
     return getattr(p, "value", p)
 
 
+def gemm_act_prep_us(size, calls):
+    """The Python steps of kernels.cuda_matmul_act before the driver call (argument checks,
+    torch.matmul's shape rules, output allocation, the cuBLASLt problem), on CPU tensors."""
+    import torch
+
+    from thunder_memfuse import kernels as K
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+
+    def prep():
+        K._check_tensor_args(a=a, b=b)
+        K._check_act("relu")
+        a2, b2, m, k, n, batch, shape = K._matmul_shapes(a, b, ValueError)
+        K._check_lt_inputs(a, b, cuda=False)
+        K._lt_problem(a2, b2, torch.empty(*batch, m, n), None)
+
+    for _ in range(200):
+        prep()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        prep()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=256)
@@ -79,6 +104,7 @@ def main(argv=None):
             region.prepare(args, cuda=False)
         us = (time.perf_counter() - t0) / a.calls * 1e6
         print(f"{name:40s} {len(args):6d} {us:8.2f}")
+    print(f"{'relu(a @ b) via cuBLASLt: host steps':40s} {2:6d} {gemm_act_prep_us(a.size, a.calls):8.2f}")
 
 
 if __name__ == "__main__":

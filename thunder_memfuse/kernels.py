@@ -868,10 +868,16 @@ def _matmul_shapes(a, b, error):
     if b2.shape[-2] != k:
         raise error(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
     n = b2.shape[-1]
-    try:
-        batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-    except RuntimeError:
-        raise error(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from None
+    ba, bb = tuple(a2.shape[:-2]), tuple(b2.shape[:-2])
+    if ba == bb or not bb:  # the common cases, without torch.broadcast_shapes (~15 us a call)
+        batch = ba
+    elif not ba:
+        batch = bb
+    else:
+        try:
+            batch = tuple(torch.broadcast_shapes(ba, bb))
+        except RuntimeError:
+            raise error(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from None
     shape = list(batch) + ([m] if a.dim() != 1 else []) + ([n] if b.dim() != 1 else [])
     return a2, b2, m, k, n, batch, shape
 
