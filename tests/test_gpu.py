@@ -278,17 +278,23 @@ def test_gemm_unsupported_dtypes_fall_back():
         K.cuda_matmul(torch.randn(4, 4), torch.randn(4, 4))
 
 
-def test_matmul_memory_is_exactly_its_output():
-    a = torch.randn(256, 256, device=DEV)
-    b = torch.randn(256, 256, device=DEV)
-    K.cuda_matmul(a, b)  # warm up: handle and workspace
+def second_call_peak(f, *args):
+    """(result, peak bytes allocated above the start) of f(*args), called once before to warm up
+    (cuBLAS/cuBLASLt handle and workspace)."""
+    f(*args)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.max_memory_allocated()
-    out = K.cuda_matmul(a, b)
+    out = f(*args)
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    return out, torch.cuda.max_memory_allocated() - before
+
+
+def test_matmul_memory_is_exactly_its_output():
+    a = torch.randn(256, 256, device=DEV)
+    b = torch.randn(256, 256, device=DEV)
+    out, peak = second_call_peak(K.cuda_matmul, a, b)
     assert peak == out.numel() * out.element_size()
     torch.testing.assert_close(out, a @ b, **MM_TOL[torch.float32])
 
@@ -446,14 +452,7 @@ def test_linear_act_memory_is_exactly_its_output(cublaslt, bias):
     x = torch.randn(256, 128, device=DEV)
     w = torch.randn(192, 128, device=DEV)
     b = torch.randn(192, device=DEV) if bias else None
-    K.cuda_linear_act(x, w, b)  # warm up: handle and workspace
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.max_memory_allocated()
-    out = K.cuda_linear_act(x, w, b)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    out, peak = second_call_peak(K.cuda_linear_act, x, w, b)
     assert peak == out.numel() * out.element_size()  # no pre-activation buffer
     torch.testing.assert_close(out, _ref_linear_act(x, w, b), **MM_TOL[torch.float32])
 
@@ -461,14 +460,7 @@ def test_linear_act_memory_is_exactly_its_output(cublaslt, bias):
 def test_matmul_act_memory_is_exactly_its_output(cublaslt):
     a = torch.randn(4, 64, 128, device=DEV, dtype=torch.float16)
     b = torch.randn(128, 256, device=DEV, dtype=torch.float16)
-    K.cuda_matmul_act(a, b)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.max_memory_allocated()
-    out = K.cuda_matmul_act(a, b)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    out, peak = second_call_peak(K.cuda_matmul_act, a, b)
     assert peak == out.numel() * out.element_size()
     torch.testing.assert_close(out, torch.relu(a @ b), **MM_TOL[torch.float16])
 

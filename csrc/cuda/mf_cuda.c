@@ -501,30 +501,49 @@ static void restore_locked(int device, mf_CUcontext prev)
         (void)g_driver.cuCtxSetCurrent(prev);
 }
 
+/* The entry of every device call: load the driver (and lib, when it is not
+ * the driver), take the lock and make device's primary context current.  On
+ * success the lock is held: end with leave_device.  On failure it is not. */
+static int enter_device(int lib, int device, mf_CUdevice *dev_out, mf_CUcontext *prev, char *err,
+                        size_t errlen)
+{
+    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    if (rc == MF_CUDA_OK && lib != MF_CUDA_LIB_DRIVER)
+        rc = mf_cuda_load(lib, err, errlen);
+    if (rc != MF_CUDA_OK)
+        return rc;
+    mf_cuda_lock();
+    rc = use_device_locked(device, dev_out, prev, err, errlen);
+    if (rc != MF_CUDA_OK)
+        mf_cuda_unlock();
+    return rc;
+}
+
+static void leave_device(int device, mf_CUcontext prev)
+{
+    restore_locked(device, prev);
+    mf_cuda_unlock();
+}
+
 int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen)
 {
     mf_CUdevice dev;
     mf_CUcontext prev = NULL;
     int major = 0, minor = 0, sms = 0;
     mf_CUresult r;
-    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, &dev, &prev, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
-    mf_cuda_lock();
-    rc = use_device_locked(device, &dev, &prev, err, errlen);
-    if (rc == MF_CUDA_OK) {
-        r = g_driver.cuDeviceGetAttribute(&major, MF_CU_ATTR_CC_MAJOR, dev);
-        if (r == 0)
-            r = g_driver.cuDeviceGetAttribute(&minor, MF_CU_ATTR_CC_MINOR, dev);
-        if (r == 0)
-            r = g_driver.cuDeviceGetAttribute(&sms, MF_CU_ATTR_MULTIPROCESSOR_COUNT, dev);
-        if (r != 0) {
-            cu_err(r, "cuDeviceGetAttribute", err, errlen);
-            rc = MF_CUDA_EDRIVER;
-        }
-        restore_locked(device, prev);
+    r = g_driver.cuDeviceGetAttribute(&major, MF_CU_ATTR_CC_MAJOR, dev);
+    if (r == 0)
+        r = g_driver.cuDeviceGetAttribute(&minor, MF_CU_ATTR_CC_MINOR, dev);
+    if (r == 0)
+        r = g_driver.cuDeviceGetAttribute(&sms, MF_CU_ATTR_MULTIPROCESSOR_COUNT, dev);
+    if (r != 0) {
+        cu_err(r, "cuDeviceGetAttribute", err, errlen);
+        rc = MF_CUDA_EDRIVER;
     }
-    mf_cuda_unlock();
+    leave_device(device, prev);
     if (rc == MF_CUDA_OK) {
         *arch = major * 10 + minor;
         if (sm_count)
@@ -539,26 +558,21 @@ int mf_cuda_load_function(int device, const void *image, const char *name,
     mf_CUmodule mod = NULL;
     mf_CUcontext prev = NULL;
     mf_CUresult r;
-    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, NULL, &prev, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
-    mf_cuda_lock();
-    rc = use_device_locked(device, NULL, &prev, err, errlen);
-    if (rc == MF_CUDA_OK) {
-        r = g_driver.cuModuleLoadData(&mod, image);
+    r = g_driver.cuModuleLoadData(&mod, image);
+    if (r != 0) {
+        cu_err(r, "cuModuleLoadData", err, errlen);
+        rc = MF_CUDA_EDRIVER;
+    } else {
+        r = g_driver.cuModuleGetFunction(fn_out, mod, name);
         if (r != 0) {
-            cu_err(r, "cuModuleLoadData", err, errlen);
+            cu_err(r, "cuModuleGetFunction", err, errlen);
             rc = MF_CUDA_EDRIVER;
-        } else {
-            r = g_driver.cuModuleGetFunction(fn_out, mod, name);
-            if (r != 0) {
-                cu_err(r, "cuModuleGetFunction", err, errlen);
-                rc = MF_CUDA_EDRIVER;
-            }
         }
-        restore_locked(device, prev);
     }
-    mf_cuda_unlock();
+    leave_device(device, prev);
     return rc;
 }
 
@@ -568,21 +582,16 @@ int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int
     void *kernel_params[1];
     mf_CUcontext prev = NULL;
     mf_CUresult r;
-    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
+    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, NULL, &prev, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
-    mf_cuda_lock();
-    rc = use_device_locked(device, NULL, &prev, err, errlen);
-    if (rc == MF_CUDA_OK) {
-        kernel_params[0] = params;
-        r = g_driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, kernel_params, NULL);
-        if (r != 0) {
-            cu_err(r, "cuLaunchKernel", err, errlen);
-            rc = MF_CUDA_EDRIVER;
-        }
-        restore_locked(device, prev);
+    kernel_params[0] = params;
+    r = g_driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, kernel_params, NULL);
+    if (r != 0) {
+        cu_err(r, "cuLaunchKernel", err, errlen);
+        rc = MF_CUDA_EDRIVER;
     }
-    mf_cuda_unlock();
+    leave_device(device, prev);
     return rc;
 }
 
@@ -641,18 +650,11 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
                 g->batch);
         return MF_CUDA_EINVAL;
     }
-    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
-    if (rc == MF_CUDA_OK)
-        rc = mf_cuda_load(MF_CUDA_LIB_CUBLAS, err, errlen);
-    if (rc != MF_CUDA_OK)
-        return rc;
-
     /* The handle is shared per device: set stream, workspace and run under
      * the lock so two threads never interleave on it. */
-    mf_cuda_lock();
-    rc = use_device_locked(g->device, NULL, &prev, err, errlen);
+    rc = enter_device(MF_CUDA_LIB_CUBLAS, g->device, NULL, &prev, err, errlen);
     if (rc != MF_CUDA_OK)
-        goto unlock;
+        return rc;
     if (!g_cublas_handle[g->device]) {
         s = g_cublas.cublasCreate(&g_cublas_handle[g->device]);
         if (s != 0) {
@@ -694,9 +696,7 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
         rc = MF_CUDA_ECUBLAS;
     }
 done:
-    restore_locked(g->device, prev);
-unlock:
-    mf_cuda_unlock();
+    leave_device(g->device, prev);
     return rc;
 }
 
@@ -911,16 +911,9 @@ int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
     rc = check_lt_args(g, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
-    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
-    if (rc == MF_CUDA_OK)
-        rc = mf_cuda_load(MF_CUDA_LIB_CUBLASLT, err, errlen);
+    rc = enter_device(MF_CUDA_LIB_CUBLASLT, g->device, NULL, &prev, err, errlen);
     if (rc != MF_CUDA_OK)
         return rc;
-
-    mf_cuda_lock();
-    rc = use_device_locked(g->device, NULL, &prev, err, errlen);
-    if (rc != MF_CUDA_OK)
-        goto unlock;
     if (!g_cublaslt_handle[g->device]) {
         s = g_cublaslt.cublasLtCreate(&g_cublaslt_handle[g->device]);
         if (s != 0) {
@@ -988,8 +981,6 @@ release:
     if (desc)
         (void)g_cublaslt.cublasLtMatmulDescDestroy(desc);
 done:
-    restore_locked(g->device, prev);
-unlock:
-    mf_cuda_unlock();
+    leave_device(g->device, prev);
     return rc;
 }

@@ -710,6 +710,25 @@ PyDoc_STRVAR(gemm_doc,
              "cublasGemmStridedBatchedEx; pointers and the stream are ints; dtype is one\n"
              "of 'float32', 'float16', 'bfloat16', 'float64'.");
 
+/* The cudaDataType of a GEMM dtype name ("float64" only with allow_f64); ValueError
+ * naming fn otherwise.  0 or -1. */
+static int gemm_dtype(const char *fn, const char *dtype, int allow_f64, int *out)
+{
+    if (strcmp(dtype, "float32") == 0)
+        *out = MF_CUDA_R_32F;
+    else if (strcmp(dtype, "float16") == 0)
+        *out = MF_CUDA_R_16F;
+    else if (strcmp(dtype, "bfloat16") == 0)
+        *out = MF_CUDA_R_16BF;
+    else if (allow_f64 && strcmp(dtype, "float64") == 0)
+        *out = MF_CUDA_R_64F;
+    else {
+        PyErr_Format(PyExc_ValueError, "%s: unsupported dtype %s", fn, dtype);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_gemm(PyObject *self, PyObject *args)
 {
     mf_cuda_gemm g;
@@ -732,18 +751,8 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
     g.workspace_bytes = (size_t)ws_bytes;
     g.A = pa;
     g.B = pb;
-    if (strcmp(dtype, "float32") == 0)
-        g.dtype = MF_CUDA_R_32F;
-    else if (strcmp(dtype, "float16") == 0)
-        g.dtype = MF_CUDA_R_16F;
-    else if (strcmp(dtype, "bfloat16") == 0)
-        g.dtype = MF_CUDA_R_16BF;
-    else if (strcmp(dtype, "float64") == 0)
-        g.dtype = MF_CUDA_R_64F;
-    else {
-        PyErr_Format(PyExc_ValueError, "cublas_gemm: unsupported dtype %s", dtype);
+    if (gemm_dtype("cublas_gemm", dtype, 1, &g.dtype) < 0)
         return NULL;
-    }
     rc = mf_cuda_gemm_run(&g, err, sizeof err);
     if (rc == MF_CUDA_EINVAL) {
         PyErr_SetString(PyExc_ValueError, err);
@@ -788,16 +797,8 @@ static PyObject *py_lt_matmul(PyObject *self, PyObject *args)
     g.A = pa;
     g.B = pb;
     g.bias = pbias;
-    if (strcmp(dtype, "float32") == 0)
-        g.dtype = MF_CUDA_R_32F;
-    else if (strcmp(dtype, "float16") == 0)
-        g.dtype = MF_CUDA_R_16F;
-    else if (strcmp(dtype, "bfloat16") == 0)
-        g.dtype = MF_CUDA_R_16BF;
-    else {
-        PyErr_Format(PyExc_ValueError, "cublaslt_matmul: unsupported dtype %s", dtype);
+    if (gemm_dtype("cublaslt_matmul", dtype, 0, &g.dtype) < 0)
         return NULL;
-    }
     if (strcmp(act, "relu") == 0)
         g.act = MF_CUDA_ACT_RELU;
     else if (strcmp(act, "none") == 0)
