@@ -840,6 +840,35 @@ def test_failed_variant_is_not_compiled_again(monkeypatch):
     assert compiles == [90, 90]
 
 
+def test_regions_share_loaded_kernels(monkeypatch):
+    """NOTE [loaded kernels]: one module load per (device, source), whichever region asks."""
+    fn, make = CASES["relu_add_broadcast"]
+    tr, bsyms, inputs, outs, _ = _thunder_region(fn, *make())
+    r1 = K.build_cuda_region(bsyms, inputs, outs)
+    r2 = K.build_cuda_region(bsyms, inputs, outs)  # the same region again (a recompilation, say)
+    fn_b, make_b = CASES["gelu_tanh_silu"]
+    tr_b, bsyms_b, inputs_b, outs_b, _ = _thunder_region(fn_b, *make_b())
+    other = K.build_cuda_region(bsyms_b, inputs_b, outs_b)
+    loads = []
+
+    def fake_load(image, name, device):
+        loads.append((image, device))
+        return 0x1000 + len(loads)
+
+    monkeypatch.setattr(K, "_loaded_kernels", {})
+    monkeypatch.setattr(K, "_device_info", lambda device: (90, 132))
+    monkeypatch.setattr(K, "nvrtc_compile", lambda src, arch, **kw: {"image": src.encode() + b"\0"})
+    monkeypatch.setattr(K._C, "cuda_load_function", fake_load)
+    f1 = r1._function(0, 2, False, False)
+    assert r2._function(0, 2, False, False) == f1
+    assert len(loads) == 1
+    assert r2._function(1, 2, False, False) != f1  # another device loads its own
+    assert r1._function(0, 1, False, True) != f1  # another variant is another kernel
+    assert other._function(0, 2, False, False) != f1
+    assert len(loads) == 4
+    assert len({img for img, _ in loads}) == 3
+
+
 def test_build_region_rejects_unsupported():
     import thunder
 

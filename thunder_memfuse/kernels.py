@@ -564,6 +564,33 @@ def _device_info(device: int):
     return _C.cuda_device_info(device)  # (arch, sm count)
 
 
+# NOTE [loaded kernels]: a loaded CUDA module is never unloaded (a kernel may still be
+# queued on a stream when its region object dies, and cuModuleUnload would not wait for
+# it).  So loads are shared process-wide: one module per (device, generated source),
+# whatever region asked for it.  The source is a function of the region's program (ops,
+# dtypes, scalars' kinds) and the variant, never of shapes or pointers, so recompiling a
+# function, another trace with the same region, or a second instance of a model loads
+# nothing new; the modules held are bounded by the distinct kernels the process generated.
+_loaded_kernels: dict = {}  # (device, source) -> CUfunction int
+_loaded_lock = threading.Lock()
+
+
+def _load_kernel(device: int, source: str):
+    """The CUfunction of `source` on `device`: compiled (through the NVRTC cache) and
+    loaded on first use, then shared (NOTE [loaded kernels])."""
+    key = (device, source)
+    fn = _loaded_kernels.get(key)
+    if fn is None:
+        with _loaded_lock:
+            fn = _loaded_kernels.get(key)
+            if fn is None:
+                arch, _ = _device_info(device)
+                res = nvrtc_compile(source, arch)
+                fn = _loaded_kernels[key] = _C.cuda_load_function(res["image"], _codegen_info()["kernel_name"],
+                                                                  device)
+    return fn
+
+
 class CudaRegion:
     """Callable running one region as one generated kernel (see build_cuda_region)."""
 
@@ -604,9 +631,7 @@ class CudaRegion:
                     if key in self._broken:
                         raise NotImplementedError(f"kernel variant {key} failed before: {self._broken[key]}")
                     try:
-                        arch, _ = _device_info(device)
-                        res = nvrtc_compile(self.source(ndim, index64, contiguous), arch)
-                        fn = _C.cuda_load_function(res["image"], _codegen_info()["kernel_name"], device)
+                        fn = _load_kernel(device, self.source(ndim, index64, contiguous))
                     except Exception as e:
                         self._broken[key] = f"{type(e).__name__}: {str(e)[:500]}"
                         raise
