@@ -1,16 +1,19 @@
 """memfuse on a real model: a nanoGPT training step (Thunder's own test model) on CPU.
 
-    python benchmarks/nanogpt_cpu.py [--layers 4] [--embd 256] [--seq 128] [--batch 4]
+    python benchmarks/nanogpt_cpu.py [--layers 4] [--embd 256] [--seq 128] [--batch 4] [--checkpoint]
 
 For Thunder without memfuse, memfuse (fuse="auto": on CPU, reorder only) and
 memfuse with fuse=True (regions on the CPU fallback), prints the measured peak
 of real CPU allocations over one forward+backward step (torch.profiler), and
 for memfuse the planner's view of each trace: peak before/after, regions,
-proven optimal or not, and the time the pass took.  Asserts nothing.
+proven optimal or not, and the time the pass took.  With --checkpoint every
+transformer block runs under torch.utils.checkpoint (activation checkpointing:
+the backward recomputes each block).  Asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import warnings
 
@@ -25,6 +28,7 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
 
@@ -39,6 +43,11 @@ def main(argv=None):
     cfg = nanogpt_model.GPTConfig(n_layer=args.layers, n_head=args.heads, n_embd=args.embd,
                                   block_size=args.seq, vocab_size=args.vocab, dropout=0.0)
     model = nanogpt_model.GPT(cfg)
+    if args.checkpoint:
+        from torch.utils.checkpoint import checkpoint
+
+        for block in model.transformer.h:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     x = torch.randint(0, args.vocab, (args.batch, args.seq))
 
     def step(jm):
@@ -49,7 +58,8 @@ def main(argv=None):
 
         return run
 
-    print(f"nanoGPT {args.layers} layers, n_embd {args.embd}, batch {args.batch} x {args.seq} tokens, CPU")
+    print(f"nanoGPT {args.layers} layers, n_embd {args.embd}, batch {args.batch} x {args.seq} tokens, "
+          f"{'activation checkpointing per block, ' if args.checkpoint else ''}CPU")
     print("| variant | compile + first step s | measured step peak MiB | trace | planned peak MiB "
           "(before -> after) | regions | proven | pass ms |")
     print("|---|---|---|---|---|---|---|---|")
