@@ -4,7 +4,9 @@
 
 For Thunder without memfuse, memfuse (fuse="auto": on CPU, reorder only) and
 memfuse with fuse=True (regions on the CPU fallback), prints the measured peak
-of real CPU allocations over one forward+backward step (torch.profiler), and
+of real CPU allocations over one forward+backward step (torch.profiler), the same
+for the forward alone and for the backward alone (above what is live when it
+starts: the saved tensors), and
 for memfuse the planner's view of each trace: peak before/after, regions,
 proven optimal or not, and the time the pass took.  With --checkpoint every
 transformer block runs under torch.utils.checkpoint (activation checkpointing:
@@ -50,6 +52,14 @@ def main(argv=None):
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     x = torch.randint(0, args.vocab, (args.batch, args.seq))
 
+    def split_peaks(jm):
+        """(forward peak, backward peak above what is live when it starts).  The forward
+        is profiled too, so the profiler knows the saved tensors the backward frees."""
+        box = {}
+        fwd, _ = cpu_peak_bytes(lambda: box.setdefault("loss", jm(x)[0].float().sum()))
+        bwd, _ = cpu_peak_bytes(box["loss"].backward)
+        return fwd, bwd
+
     def step(jm):
         def run():
             logits, _ = jm(x)
@@ -60,9 +70,9 @@ def main(argv=None):
 
     print(f"nanoGPT {args.layers} layers, n_embd {args.embd}, batch {args.batch} x {args.seq} tokens, "
           f"{'activation checkpointing per block, ' if args.checkpoint else ''}CPU")
-    print("| variant | compile + first step s | measured step peak MiB | trace | planned peak MiB "
-          "(before -> after) | regions | proven | pass ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| variant | compile + first step s | measured step peak MiB | forward / backward MiB | trace | "
+          "planned peak MiB (before -> after) | regions | proven | pass ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, transforms in (("thunder", []), ("memfuse (auto)", [tm.MemFuse()]),
                              ("memfuse (fuse=True)", [tm.MemFuse(fuse=True)])):
         jm = thunder.jit(model, transforms=transforms)
@@ -72,11 +82,14 @@ def main(argv=None):
         model.zero_grad(set_to_none=True)
         peak, _ = cpu_peak_bytes(step(jm))
         model.zero_grad(set_to_none=True)
+        fwd, bwd = split_peaks(jm)
+        model.zero_grad(set_to_none=True)
+        split = f"{fwd / MIB:.2f} / {bwd / MIB:.2f}"
         if not transforms:
-            print(f"| {name} | {compile_s:.1f} | {peak / MIB:.1f} | - | - | - | - | - |")
+            print(f"| {name} | {compile_s:.1f} | {peak / MIB:.1f} | {split} | - | - | - | - | - |")
             continue
         for kind, r in tm.report(jm).items():
-            print(f"| {name} | {compile_s:.1f} | {peak / MIB:.1f} | {kind} ({r['ops']} ops) | "
+            print(f"| {name} | {compile_s:.1f} | {peak / MIB:.1f} | {split} | {kind} ({r['ops']} ops) | "
                   f"{r['peak_before_bytes'] / MIB:.2f} -> {r['peak_after_bytes'] / MIB:.2f} | "
                   f"{r['regions_after']} | {'yes' if r['optimal'] else 'no'} ({r['method']}) | {r['plan_ms']:.0f} |")
 
