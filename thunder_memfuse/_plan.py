@@ -17,6 +17,10 @@ class Plan:
     alone; lower_bound_bytes: no valid order can go below it.  optimal: the
     unfused order is proven minimal over all valid orders.  states: DP states
     explored; method: which part of the algorithm ladder produced the order.
+    fusion_moves: single-op moves kept after grouping because they lower the
+    fused peak (NOTE [fusion-aware moves] in csrc/core/mf_fuse.c); when > 0,
+    unfused_peak_bytes and optimal describe the moved order, method the
+    order before the moves.
     """
 
     order: list
@@ -28,10 +32,11 @@ class Plan:
     optimal: bool
     states: int
     method: str = field(default="")
+    fusion_moves: int = 0
 
 
 def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(),
-         max_states=None, fuse=True, epilogues=()) -> Plan:
+         max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -42,10 +47,13 @@ def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fus
     pairs (v, u): op v may run fused into op u as its epilogue, a group [u, v]
     (a GEMM writing relu of its result, say), when the order puts v right
     after u and u's outputs are read by v alone and are not graph outputs.
+    fusion_moves: with fuse, move single ops near the peak where that lowers
+    the fused peak (False: group the planned order as it is).
     Bad input raises ValueError or TypeError naming the problem.
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
-                fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues)
+                fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
+                fusion_moves=fusion_moves)
     return Plan(**d)
 
 

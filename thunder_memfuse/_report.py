@@ -97,6 +97,7 @@ def report(jfn) -> dict:
             "optimal": plan["optimal"],
             "method": plan["method"],
             "states": plan["states"],
+            "fusion_moves": plan.get("fusion_moves", 0),
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
             "largest_live_at_peak": _largest_live_at_peak(info, steps_after),
@@ -113,6 +114,7 @@ def format_report(rep: dict) -> str:
             f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB, "
             f"regions {r['regions_before']} -> {r['regions_after']}, "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
+            + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
         )
         if r.get("replaced_executors"):
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")

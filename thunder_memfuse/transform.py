@@ -177,7 +177,7 @@ class MemFuse(Transform):
             self._saved_activations = None
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable)
         plan = res["plan"]
-        if plan["unfused_peak_bytes"] > plan["baseline_peak_bytes"]:
+        if plan["peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")
 
         groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]

@@ -110,6 +110,7 @@ int mf_check_order(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order,
 typedef struct mf_plan_options {
     int64_t max_states;  /* cap on DP states; <= 0 means the default */
     int fuse;            /* 1: form fusion groups; 0: singletons only */
+    int no_fusion_moves; /* 1: group the planned order as it is (no NOTE [fusion-aware moves]) */
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000
@@ -126,6 +127,7 @@ typedef struct mf_plan_result {
     int optimal;             /* unfused order proven minimal over valid orders */
     int64_t states;          /* DP states explored (created, over all DP runs) */
     const char *method;      /* static string: "lower-bound", "dp", "greedy", ... */
+    int32_t fusion_moves;    /* single-op moves kept for a lower fused peak (mf_fuse.c) */
 } mf_plan_result;
 /* method, in detail: "lower-bound" (optimal, proven without search), "dp"
  * (optimal, proven or found by the DP), "dp-partial" (improved by the DP,
@@ -142,7 +144,12 @@ typedef struct mf_plan_result {
  * consecutive fusible ops, and epilogue pairs; fusing can lower the peak because inner values are
  * never materialized, and can raise it because inputs stay alive until the
  * whole kernel ends), and among groupings at that peak the fewest groups.
- * So peak_bytes <= unfused_peak_bytes.  baseline_peak_bytes is the simulated
+ * With fusion on, single-op moves near the peak that lower the fused peak
+ * follow (NOTE [fusion-aware moves] in mf_fuse.c; fusion_moves > 0 when some
+ * were kept): the order's unfused peak may then rise; `optimal` describes the
+ * order as returned, unfused, and `method` the rung that planned it before
+ * the moves.  Always peak_bytes <=
+ * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order.  baseline_peak_bytes is the simulated
  * peak of 0..n-1 even when that order is not valid.  Free the result with
  * mf_plan_result_free (also safe on a zeroed result). */
 int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt,

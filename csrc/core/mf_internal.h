@@ -105,6 +105,12 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
 
 #define MF_FUSE_MAX_GROUP 512
 
+/* Fusion-aware moves (NOTE [fusion-aware moves] in mf_fuse.c): single-op
+ * moves of the valid order `order` near the groups at the peak that lower
+ * the fused peak.  order is rewritten only when the peak falls; *moves is
+ * then the number of moves kept (else 0). */
+int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves);
+
 /* ---- Liu's hill/valley merging (mf_liu.c, NOTE [liu merge]) ----
  * Workspace built once per plan: per op and per storage of the graph, and
  * per local op of a piece of at most max_k ops, reused piece after piece. */

@@ -17,7 +17,9 @@
  *     the highest peak first (NOTE [piece DP]: free moves, and recomputation
  *     glued to its consumer), within a state budget (NOTE [state budget]);
  *  6. windowed DP around the peak step of pieces the DP could not finish;
- *  7. fusion grouping (mf_fuse.c) on the final order.
+ *  7. fusion grouping (mf_fuse.c) on the final order;
+ *  8. with fusion on, single-op moves near the peak group that lower the
+ *     fused peak (mf_fuse.c NOTE [fusion-aware moves]), then grouping again.
  * The result is never worse than the input order (when valid) nor than any
  * heuristic: NOTE [never worse].
  *
@@ -1670,6 +1672,34 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         out->method = "dp-partial";
     if ((st = mf_fuse_group(ctx, a, &pg, out->order, fuse, out->group_ptr, &out->n_groups, &out->peak_bytes)))
         return st;
+    /* 8: fusion-aware moves (NOTE [fusion-aware moves] in mf_fuse.c) */
+    if (fuse && !(opt && opt->no_fusion_moves)) {
+        int32_t moves = 0, ng2 = 0;
+        int32_t *ord2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+        int32_t *gp2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+        int64_t pk2 = 0;
+        if (!ord2 || !gp2)
+            return MF_ENOMEM;
+        memcpy(ord2, out->order, sizeof(int32_t) * (size_t)n);
+        if ((st = mf_fuse_refine(ctx, a, &pg, ord2, &moves)))
+            return st;
+        if (moves > 0) {
+            if (!mf_pg_order_valid(&pg, ord2, scratch))
+                return mf_set_error(ctx, MF_EINTERNAL, "fusion-aware moves produced an invalid order");
+            if ((st = mf_fuse_group(ctx, a, &pg, ord2, fuse, gp2, &ng2, &pk2)))
+                return st;
+            if (pk2 < out->peak_bytes) {
+                memcpy(out->order, ord2, sizeof(int32_t) * (size_t)n);
+                memcpy(out->group_ptr, gp2, sizeof(int32_t) * ((size_t)ng2 + 1));
+                out->n_groups = ng2;
+                out->peak_bytes = pk2;
+                out->fusion_moves = moves;
+                peak = mf_tracker_peak(&tr, out->order, n);
+                out->unfused_peak_bytes = peak;
+                out->optimal = peak <= F;
+            }
+        }
+    }
     if ((st = mf_pg_simulate(ctx, a, &pg, out->order, out->group_ptr, out->n_groups, &sim_peak, NULL, NULL)))
         return st;
     if (sim_peak != out->peak_bytes || out->peak_bytes > peak)

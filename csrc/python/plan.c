@@ -353,11 +353,12 @@ static PyObject *plan_to_dict(const mf_plan_result *r)
             goto fail;
         PyList_SET_ITEM(groups, g, grp);
     }
-    d = Py_BuildValue("{s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s}", "order", order, "groups", groups, "peak_bytes",
-                      (long long)r->peak_bytes, "unfused_peak_bytes", (long long)r->unfused_peak_bytes,
-                      "baseline_peak_bytes", (long long)r->baseline_peak_bytes, "lower_bound_bytes",
-                      (long long)r->lower_bound_bytes, "optimal", r->optimal ? Py_True : Py_False, "states",
-                      (long long)r->states, "method", r->method ? r->method : "");
+    d = Py_BuildValue("{s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i}", "order", order, "groups", groups,
+                      "peak_bytes", (long long)r->peak_bytes, "unfused_peak_bytes",
+                      (long long)r->unfused_peak_bytes, "baseline_peak_bytes", (long long)r->baseline_peak_bytes,
+                      "lower_bound_bytes", (long long)r->lower_bound_bytes, "optimal",
+                      r->optimal ? Py_True : Py_False, "states", (long long)r->states, "method",
+                      r->method ? r->method : "", "fusion_moves", (int)r->fusion_moves);
 fail:
     Py_XDECREF(order);
     Py_XDECREF(groups);
@@ -365,7 +366,7 @@ fail:
 }
 
 /* Run the core planner on a built graph; returns the result dict. */
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
@@ -380,6 +381,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
     memset(&res, 0, sizeof res);
     opt.max_states = max_states;
     opt.fuse = fuse;
+    opt.no_fusion_moves = !fusion_moves;
     Py_BEGIN_ALLOW_THREADS
     st = mf_graph_check(&ctx, &desc);
     if (st == MF_OK)
@@ -397,17 +399,18 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
 static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
-                             "fusible", "after",    "max_states",   "fuse",          "epilogues", NULL};
+                             "fusible", "after",    "max_states",   "fuse",          "epilogues",
+                             "fusion_moves", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ep = NULL;
     PyObject *empty = NULL, *out = NULL;
-    int fuse = 1;
+    int fuse = 1, fusion_moves = 1;
     long long max_states = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
-                                     &ms, &fuse, &ep))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
+                                     &ms, &fuse, &ep, &fusion_moves))
         return NULL;
     if (ms != Py_None) {
         if (PyBool_Check(ms) || !PyLong_Check(ms)) {
@@ -427,7 +430,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
                     ep) == 0)
-        out = mf_py_run_plan(&b, max_states, fuse);
+        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
     return out;
@@ -554,7 +557,7 @@ done:
 static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(), "
-     "max_states=None, fuse=True, epilogues=()) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
+     "max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()) -> "
      "(peak, step_bytes, live_after)\n\nScore a schedule with the core's cost model."},

@@ -443,6 +443,34 @@ static void brute_groups(const ref *r, const mf_graph_desc *d, const int32_t *or
     }
 }
 
+/* The least fused peak over all valid orders and their groupings (n <= 8). */
+static void bfo_rec(const ref *r, const mf_graph_desc *d, int32_t *order, uint64_t S, int depth, int64_t *best)
+{
+    int v;
+    if (depth == r->n) {
+        int64_t pk;
+        int ng;
+        brute_groups(r, d, order, &pk, &ng);
+        if (pk < *best)
+            *best = pk;
+        return;
+    }
+    for (v = 0; v < r->n; v++) {
+        if (S >> v & 1 || (r->pred[v] & ~S))
+            continue;
+        order[depth] = v;
+        bfo_rec(r, d, order, S | 1ULL << v, depth + 1, best);
+    }
+}
+
+static int64_t brute_fused_min(const ref *r, const mf_graph_desc *d)
+{
+    int32_t order[RMAX];
+    int64_t best = INT64_MAX;
+    bfo_rec(r, d, order, 0, 0, &best);
+    return best;
+}
+
 /* ---- random graphs ---- */
 
 static void random_graph(tg *out, int n, int permute)
@@ -508,13 +536,54 @@ static void random_graph(tg *out, int n, int permute)
 
 /* ---- checks shared by the random tests ---- */
 
-static void check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t best, const char *what,
-                                   int seed)
+/* Checks of a plan with fusion-aware moves (NOTE [fusion-aware moves]) on
+ * d, against the plan of the same graph without them (peak `unmoved`, order
+ * `unmoved_order`).  Returns 1 when moves were kept. */
+static int check_fusion_moves(const mf_graph_desc *d, const ref *r, int64_t best, int64_t unmoved,
+                              const int32_t *unmoved_order, const char *what, int seed)
 {
     mf_ctx ctx;
     mf_plan_result res;
     mf_plan_options opt;
-    int st, valid = 0, i, j;
+    int st, moved, i;
+    mf_ctx_init(&ctx, NULL);
+    memset(&opt, 0, sizeof opt);
+    opt.fuse = 1;
+    st = mf_plan(&ctx, d, &opt, &res);
+    CHECK(st == MF_OK, "%s %d: plan with moves failed %d %s", what, seed, st, ctx.err);
+    if (st)
+        return 0;
+    moved = res.fusion_moves > 0;
+    CHECK(ref_valid(r, res.order), "%s %d: moves: invalid order", what, seed);
+    CHECK(ref_sim(r, res.order, res.group_ptr, res.n_groups, NULL) == res.peak_bytes, "%s %d: moves: ref peak",
+          what, seed);
+    CHECK(moved ? res.peak_bytes < unmoved : res.peak_bytes == unmoved, "%s %d: moves: peak %lld vs %lld (%d)",
+          what, seed, (long long)res.peak_bytes, (long long)unmoved, (int)res.fusion_moves);
+    CHECK(res.peak_bytes <= res.unfused_peak_bytes && res.unfused_peak_bytes >= best, "%s %d: moves: unfused",
+          what, seed);
+    CHECK(res.optimal == (res.unfused_peak_bytes == best), "%s %d: moves: optimal flag", what, seed);
+    if (!moved)
+        for (i = 0; i < d->n_ops; i++)
+            CHECK(res.order[i] == unmoved_order[i], "%s %d: moves: order changed without a move", what, seed);
+    if (d->n_ops <= 12) {
+        int64_t mp;
+        int mg;
+        brute_groups(r, d, res.order, &mp, &mg);
+        CHECK(mp == res.peak_bytes && mg == res.n_groups, "%s %d: moves: grouping not the least", what, seed);
+    }
+    if (d->n_ops <= 7)
+        CHECK(res.peak_bytes >= brute_fused_min(r, d), "%s %d: moves: below the fused optimum", what, seed);
+    mf_plan_result_free(&ctx, &res);
+    return moved;
+}
+
+static int check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t best, const char *what,
+                                  int seed)
+{
+    mf_ctx ctx;
+    mf_plan_result res;
+    mf_plan_options opt;
+    int st, valid = 0, i, j, moved;
     int64_t sim = -1, ident_peak;
     int32_t ident[RMAX];
     mf_ctx_init(&ctx, NULL);
@@ -522,12 +591,14 @@ static void check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t
         ident[i] = i;
     ident_peak = ref_sim(r, ident, NULL, 0, NULL);
 
-    opt.max_states = 0;
+    /* the planned order as it is: proven against brute force */
+    memset(&opt, 0, sizeof opt);
     opt.fuse = 1;
+    opt.no_fusion_moves = 1;
     st = mf_plan(&ctx, d, &opt, &res);
     CHECK(st == MF_OK, "%s %d: plan failed %d %s", what, seed, st, ctx.err);
     if (st)
-        return;
+        return 0;
     CHECK(res.optimal == 1, "%s %d: not optimal (method %s)", what, seed, res.method);
     CHECK(res.unfused_peak_bytes == best, "%s %d: unfused %lld != brute %lld (method %s)", what, seed,
           (long long)res.unfused_peak_bytes, (long long)best, res.method);
@@ -560,6 +631,8 @@ static void check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t
               (long long)res.peak_bytes, (long long)mp);
         CHECK(mg == res.n_groups, "%s %d: groups %d != brute %d", what, seed, (int)res.n_groups, mg);
     }
+    CHECK(res.fusion_moves == 0, "%s %d: moves made while off", what, seed);
+    moved = check_fusion_moves(d, r, best, res.peak_bytes, res.order, what, seed);
     mf_plan_result_free(&ctx, &res);
 
     /* unfused planning */
@@ -585,11 +658,12 @@ static void check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t
                   seed);
     }
     mf_plan_result_free(&ctx, &res);
+    return moved;
 }
 
 static void test_random_small(void)
 {
-    int t, n_dp = 0;
+    int t, n_dp = 0, n_moved = 0;
     long total_states = 0;
     for (t = 0; t < 600; t++) {
         tg g;
@@ -638,7 +712,7 @@ static void test_random_small(void)
             CHECK(st == MF_OK && sim == rp, "random %d: unfused simulate %lld != ref %lld", t, (long long)sim,
                   (long long)rp);
         }
-        check_plan_against_ref(&d, &r, best, "random", t);
+        n_moved += check_plan_against_ref(&d, &r, best, "random", t);
         {
             mf_plan_result res;
             if (mf_plan(&ctx, &d, NULL, &res) == MF_OK) {
@@ -650,7 +724,9 @@ static void test_random_small(void)
         }
         tg_free(&g);
     }
-    printf("random small graphs: %d used the DP, %ld states in all\n", n_dp, total_states);
+    printf("random small graphs: %d used the DP, %ld states in all; fusion-aware moves lowered %d\n", n_dp,
+           total_states, n_moved);
+    CHECK(n_moved > 0, "random small graphs: fusion-aware moves never lowered a peak");
 }
 
 /* Blocks of parallel paths joined by a residual chain, with floating
@@ -698,7 +774,7 @@ static void block_graph(tg *g, int nblocks, int maxpaths, int fus_mode)
 
 static void test_blocks(void)
 {
-    int t, tested = 0;
+    int t, tested = 0, n_moved = 0;
     for (t = 0; t < 60; t++) {
         tg g;
         mf_graph_desc d;
@@ -715,11 +791,11 @@ static void test_blocks(void)
         CHECK(mf_graph_check(&ctx, &d) == MF_OK, "blocks %d: %s", t, ctx.err);
         ref_build(&d, &r);
         best = subset_min(&r);
-        check_plan_against_ref(&d, &r, best, "blocks", t);
+        n_moved += check_plan_against_ref(&d, &r, best, "blocks", t);
         tested++;
         tg_free(&g);
     }
-    printf("block graphs checked against the subset DP: %d\n", tested);
+    printf("block graphs checked against the subset DP: %d; fusion-aware moves lowered %d\n", tested, n_moved);
 }
 
 /* ---- weight-gradient sinks (NOTE [sinks] in mf_sched.c) ---- */
@@ -952,7 +1028,7 @@ static void test_sinks(void)
 /* Random graphs of 11..16 ops against the subset DP. */
 static void test_random_medium(void)
 {
-    int t, tested = 0;
+    int t, tested = 0, n_moved = 0;
     for (t = 0; t < 80; t++) {
         tg g;
         mf_graph_desc d;
@@ -963,12 +1039,13 @@ static void test_random_medium(void)
         mf_ctx_init(&ctx, NULL);
         if (mf_graph_check(&ctx, &d) == MF_OK) {
             ref_build(&d, &r);
-            check_plan_against_ref(&d, &r, subset_min(&r), "medium", t);
+            n_moved += check_plan_against_ref(&d, &r, subset_min(&r), "medium", t);
             tested++;
         }
         tg_free(&g);
     }
-    printf("medium random graphs checked against the subset DP: %d\n", tested);
+    printf("medium random graphs checked against the subset DP: %d; fusion-aware moves lowered %d\n", tested,
+           n_moved);
 }
 
 /* ---- seed graph ---- */
@@ -1221,7 +1298,7 @@ static void test_epilogue_pairs(void)
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_result res;
-    mf_plan_options unfused = {0, 0};
+    mf_plan_options unfused = {0, 0, 0};
     int32_t epi[3] = {-1, 0, -1};
     int x, a, b, c;
     int64_t sim;
