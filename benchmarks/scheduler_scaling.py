@@ -85,7 +85,7 @@ def bench(name, spec, repeat, max_states=None):
         t = time.perf_counter()
         p = tm.plan(**spec, max_states=max_states)
         times.append((time.perf_counter() - t) * 1e3)
-    assert p.peak_bytes <= p.unfused_peak_bytes <= p.baseline_peak_bytes
+    assert p.peak_bytes <= p.unfused_peak_bytes and p.peak_bytes <= p.baseline_peak_bytes
     print(f"| {name} | {len(spec['ops'])} | {statistics.median(times):.2f} | {p.states} | "
           f"{'yes' if p.optimal else 'no'} | {p.method} | {p.baseline_peak_bytes / MIB:.2f} | "
           f"{p.unfused_peak_bytes / MIB:.2f} | {p.peak_bytes / MIB:.2f} | {p.lower_bound_bytes / MIB:.2f} | "
