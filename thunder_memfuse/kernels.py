@@ -575,20 +575,26 @@ _loaded_kernels: dict = {}  # (device, source) -> CUfunction int
 _loaded_lock = threading.Lock()
 
 
+def _shared(table: dict, lock, key, make):
+    """table[key], made once by make() under lock (process-wide caches read without it)."""
+    value = table.get(key)
+    if value is None:
+        with lock:
+            value = table.get(key)
+            if value is None:
+                value = table[key] = make()
+    return value
+
+
 def _load_kernel(device: int, source: str):
     """The CUfunction of `source` on `device`: compiled (through the NVRTC cache) and
     loaded on first use, then shared (NOTE [loaded kernels])."""
-    key = (device, source)
-    fn = _loaded_kernels.get(key)
-    if fn is None:
-        with _loaded_lock:
-            fn = _loaded_kernels.get(key)
-            if fn is None:
-                arch, _ = _device_info(device)
-                res = nvrtc_compile(source, arch)
-                fn = _loaded_kernels[key] = _C.cuda_load_function(res["image"], _codegen_info()["kernel_name"],
-                                                                  device)
-    return fn
+
+    def load():
+        res = nvrtc_compile(source, _device_info(device)[0])
+        return _C.cuda_load_function(res["image"], _codegen_info()["kernel_name"], device)
+
+    return _shared(_loaded_kernels, _loaded_lock, (device, source), load)
 
 
 class CudaRegion:
@@ -780,13 +786,8 @@ def _workspace(device, stream: int):
     nbytes = int(os.environ.get("THUNDER_MEMFUSE_CUBLAS_WORKSPACE", str(default)))
     if nbytes <= 0:
         return 0, 0
-    key = (device, stream)
-    ws = _workspaces.get(key)
-    if ws is None:
-        with _ws_lock:
-            ws = _workspaces.get(key)
-            if ws is None:
-                ws = _workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ws = _shared(_workspaces, _ws_lock, (device, stream),
+                 lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))
     return ws.data_ptr(), ws.numel()
 
 
