@@ -471,7 +471,9 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
     int st;
 
     *moves_out = 0;
-    if (n < 2)
+    for (g = 0; g < n && !pg->fusible[g] && pg->epi[g] < 0; g++)
+        ;
+    if (g == n) /* no op can join a group: moves could only redo the unfused DPs' work */
         return MF_OK;
     memset(&R, 0, sizeof R);
     R.pg = pg;

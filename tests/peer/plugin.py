@@ -54,6 +54,7 @@ _stats = {
     "hook_raised": 0,
     "traces_with_new_regions": 0,
     "new_regions": 0,
+    "traces_with_fusion_moves": 0,
     "memfuse_warnings": 0,
 }
 _warn_counts: Counter = Counter()
@@ -150,6 +151,8 @@ def _instrument(cls) -> None:
                 _stats["traces_with_new_regions"] += 1
                 _stats["new_regions"] += len(new_regions)
                 _tests_with_changes.add(_current_test["nodeid"])
+            if getattr(out, "_memfuse_info", {}).get("plan", {}).get("fusion_moves", 0):
+                _stats["traces_with_fusion_moves"] += 1
         return out
 
     cls.transform_trace_post_optimization = transform_trace_post_optimization
@@ -239,7 +242,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         )
         tr.write_line(
             f"fusion regions made by memfuse: {s['new_regions']} in {s['traces_with_new_regions']} trace(s), "
-            f"{len(_tests_with_changes)} test(s)"
+            f"{len(_tests_with_changes)} test(s); traces with fusion-aware moves: "
+            f"{s['traces_with_fusion_moves']}"
         )
     else:
         tr.write_line(f"baseline (MEMFUSE_PEER=0): thunder.jit calls: {s['jit_calls']}, wrapped: 0")
