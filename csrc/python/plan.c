@@ -364,8 +364,9 @@ fail:
     return d;
 }
 
-/* Run the core planner on a built graph; returns the result dict. */
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
+/* Run the core planner on a built graph; returns the result dict.
+ * dp_max_ops: mf_plan_options.dp_max_ops (0: the default; tests lower it). */
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int dp_max_ops)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
@@ -380,6 +381,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
     memset(&res, 0, sizeof res);
     opt.max_states = max_states;
     opt.fuse = fuse;
+    opt.dp_max_ops = dp_max_ops;
     Py_BEGIN_ALLOW_THREADS
     st = mf_graph_check(&ctx, &desc);
     if (st == MF_OK)
@@ -397,17 +399,18 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse)
 static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
-                             "fusible", "after",    "max_states",   "fuse",          "epilogues", NULL};
+                             "fusible", "after",    "max_states",   "fuse",          "epilogues",
+                             "_dp_max_ops", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ep = NULL;
     PyObject *empty = NULL, *out = NULL;
-    int fuse = 1;
+    int fuse = 1, dp_max_ops = 0;
     long long max_states = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
-                                     &ms, &fuse, &ep))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOi:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
+                                     &ms, &fuse, &ep, &dp_max_ops))
         return NULL;
     if (ms != Py_None) {
         if (PyBool_Check(ms) || !PyLong_Check(ms)) {
@@ -427,7 +430,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
                     ep) == 0)
-        out = mf_py_run_plan(&b, max_states, fuse);
+        out = mf_py_run_plan(&b, max_states, fuse, dp_max_ops);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
     return out;
@@ -554,7 +557,8 @@ done:
 static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(), "
-     "max_states=None, fuse=True, epilogues=()) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
+     "max_states=None, fuse=True, epilogues=()) -> dict\n\nPlan the order and fusion groups with the least peak bytes.\n"
+     "_dp_max_ops (tests only): pieces above this many ops count as large for the DP (default 256)."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()) -> "
      "(peak, step_bytes, live_after)\n\nScore a schedule with the core's cost model."},
