@@ -234,3 +234,30 @@ def random_chains_graph(rng: random.Random, n_chains=(2, 4), max_len=3, fork=Non
 
 MIB = 1 << 20
 SEED_BYTES = 256 * 256 * 4
+
+
+def random_backward_graph(rng: random.Random, max_ops=12):
+    """A backward pass as csrc/python/trace.c builds it (NOTE [freeable saved
+    tensors]): op 0 produces the saved tensors and runs before every other op
+    (after edges), so no cut point splits the graph; the other ops read saved
+    tensors, the cotangent (a graph input) and earlier results."""
+    n_ops = rng.randint(2, max_ops)
+    value_bytes = [rng.choice([8, 16, 64])]  # the cotangent
+    saved = []
+    for _ in range(rng.randint(1, 4)):
+        saved.append(len(value_bytes))
+        value_bytes.append(rng.choice([8, 16, 32, 64, 128]))
+    ops = [([], list(saved))]
+    made = [0]
+    for k in range(1, n_ops):
+        ins = rng.sample(saved, k=min(len(saved), rng.choice([0, 1, 1, 2])))
+        if rng.random() < 0.6:
+            ins.append(rng.choice(made))
+        outs = [len(value_bytes)]
+        value_bytes.append(rng.choice([0, 8, 16, 32, 64, 128]))
+        made.append(outs[0])
+        ops.append((sorted(set(ins)), outs))
+    produced = [v for _, outs in ops[1:] for v in outs]
+    graph_outputs = [v for v in produced if rng.random() < 0.25]
+    return dict(ops=ops, value_bytes=value_bytes, graph_inputs=[0], graph_outputs=graph_outputs, aliases=[],
+                fusible=[rng.random() < 0.6 for _ in ops], after=[(0, k) for k in range(1, n_ops)])

@@ -1,10 +1,14 @@
 """thunder_memfuse.plan(): the C core against an independent reference."""
+import json
+import os
 import random
 
 import pytest
 
 import thunder_memfuse as tm
-from reference import MIB, SEED_BYTES, Graph, random_chains_graph, random_graph
+from reference import MIB, SEED_BYTES, Graph, random_backward_graph, random_chains_graph, random_graph
+from thunder_memfuse import _C
+from thunder_memfuse._plan import Plan
 from thunder_memfuse.seed import seed_graph_spec
 
 
@@ -71,6 +75,60 @@ def test_parallel_chains_against_brute_force(max_states):
     assert n_optimal > 0
     if max_states == 1:
         assert n_liu > 0, "Liu's order never kept with the DP off"
+
+
+def _plan_dp_max_ops(spec, dp_max_ops, max_states=None):
+    """tm.plan with the test-only _dp_max_ops: pieces above that many ops are
+    'large' (mf_sched.c NOTE [DP piece size]): scaled DP share, growing windows."""
+    return Plan(**_C.plan(**spec, max_states=max_states, _dp_max_ops=dp_max_ops, fusion_moves=False))
+
+
+@pytest.mark.parametrize("max_states", [None, 5, 30])
+def test_large_pieces_against_brute_force(max_states):
+    """Small graphs whose pieces count as large (dp_max_ops 2..3): the DP runs
+    with the scaled share of states and, when it is capped, the windows grow.
+    Whatever the cap: valid, never worse than the input order, never below
+    the optimum, optimal only when it is; at the default cap proven."""
+    rng = random.Random(4242)
+    n_proven = n = 0
+    for i in range(300):
+        gen = (random_graph, random_chains_graph, random_backward_graph)[i % 3]
+        spec = gen(rng, max_ops=11) if gen is not random_chains_graph else random_chains_graph(rng)
+        if len(spec["ops"]) > 12:
+            continue
+        g = Graph(**spec)
+        p = _plan_dp_max_ops(spec, 2 + i % 2, max_states)
+        _check_plan_properties(g, spec, p)
+        best = g.min_peak()
+        assert p.unfused_peak_bytes >= best
+        if p.optimal:
+            n_proven += 1
+            assert p.unfused_peak_bytes == best, f"graph {i}: claims optimal: {spec}"
+        if max_states is None:
+            assert p.optimal, f"graph {i}: large-piece DP did not finish: {spec}"
+        n += 1
+    assert n > 200 and n_proven > 0
+
+
+def test_nanogpt_backward_is_one_large_piece_solved_by_the_dp():
+    """A real Thunder backward (nanoGPT, 4 layers, CPU trace; tests/data): op 0
+    makes the saved tensors, so no cut splits the 617 ops.  Before the DP took
+    large pieces, only 24-op windows touched it: 89.52 MiB, unproven.  The
+    scaled-share DP proves 89.02 MiB optimal in a few thousand states."""
+    with open(os.path.join(os.path.dirname(__file__), "data", "nanogpt_plain_backward.json")) as f:
+        d = json.load(f)
+    spec = dict(ops=[(i, o) for i, o in d["ops"]], value_bytes=d["value_bytes"], graph_inputs=d["graph_inputs"],
+                graph_outputs=d["graph_outputs"], aliases=[tuple(a) for a in d["aliases"]], fusible=d["fusible"],
+                after=[tuple(a) for a in d["after"]])
+    p = tm.plan(**spec, fuse=False)
+    assert len(spec["ops"]) == 617
+    assert p.baseline_peak_bytes == 93886464  # 89.54 MiB
+    assert p.unfused_peak_bytes == 93342720  # 89.02 MiB (89.52 before)
+    assert p.optimal and p.method == "dp"
+    assert 0 < p.states < 10000
+    peak, _, _ = tm.simulate(spec["ops"], spec["value_bytes"], p.order, graph_inputs=spec["graph_inputs"],
+                             graph_outputs=spec["graph_outputs"], aliases=spec["aliases"])
+    assert peak == p.unfused_peak_bytes
 
 
 def test_liu_is_optimal_on_independent_chains():

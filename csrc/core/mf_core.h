@@ -111,6 +111,10 @@ typedef struct mf_plan_options {
     int64_t max_states;  /* cap on DP states; <= 0 means the default */
     int fuse;            /* 1: form fusion groups; 0: singletons only */
     int no_fusion_moves; /* 1: group the planned order as it is (no NOTE [fusion-aware moves]) */
+    int32_t dp_max_ops;  /* pieces of up to this many ops get the DP's full
+                          * share of states (mf_sched.c NOTE [DP piece size]);
+                          * <= 0 or above the built-in 256: 256.  Tests lower
+                          * it to reach the large-piece paths on small graphs. */
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000

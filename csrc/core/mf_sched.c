@@ -15,8 +15,10 @@
  *     [liu merge]; pieces above the lower bound only);
  *  5. exact bottleneck DP over downward-closed sets, per piece, pieces with
  *     the highest peak first (NOTE [piece DP]: free moves, and recomputation
- *     glued to its consumer), within a state budget (NOTE [state budget]);
- *  6. windowed DP around the peak step of pieces the DP could not finish;
+ *     glued to its consumer), within a state budget (NOTE [state budget];
+ *     large pieces get a smaller share, NOTE [DP piece size]);
+ *  6. windowed DP around the peak step of pieces the DP could not finish
+ *     (NOTE [windows]);
  *  7. fusion grouping (mf_fuse.c) on the final order;
  *  8. with fusion on, single-op moves near the peak group that lower the
  *     fused peak (mf_fuse.c NOTE [fusion-aware moves]), then grouping again.
@@ -31,10 +33,24 @@
 
 #include <string.h>
 
-/* NOTE [DP piece size]: a piece or window of more than MF_DP_MAX_OPS ops is
- * never given to the exact DP (successor generation is O(k^2 / 64) per
- * state); it still gets the heuristics and windowed DP. */
+/* NOTE [DP piece size]
+ * Expanding one DP state of a k-op piece costs O(k^2 / 64) (readiness of
+ * every op against a bitset of k bits).  A piece of up to MF_DP_MAX_OPS ops
+ * (`small`, mf_plan_options.dp_max_ops when tests lower it) gets the full
+ * per-piece share of states (NOTE [state budget]).  A larger piece of up to
+ * MF_DP_BIG_FACTOR * small ops still gets the exact DP, with its share
+ * scaled by (small / k)^2 so that its time stays within that of a small
+ * piece's run: real backward passes are one piece of hundreds of ops
+ * (saved tensors come from one virtual op, and every op that reads only
+ * saved tensors can run anywhere, so no cut is forced: csrc/python/trace.c
+ * NOTE [freeable saved tensors]), and the DP, helped by free moves and glue
+ * (NOTE [piece DP]), often settles them in a few thousand states (nanoGPT's
+ * 617-op backward: 89.52 -> 89.02 MiB in 1.5k states, proven optimal).  It is the same search over the
+ * same piece, so what it proves holds.  Larger pieces, and pieces whose
+ * scaled share runs out, get the windows of step 6, which grow past
+ * MF_WIN_LEN in pieces larger than small (NOTE [windows]). */
 #define MF_DP_MAX_OPS 256
+#define MF_DP_BIG_FACTOR 16
 #define MF_WIN_LEN 24
 #define MF_WIN_ITERS 64
 
@@ -573,6 +589,43 @@ static int find_pieces(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t 
 /* ------------------------------------------------------------------ */
 /* segment DP                                                          */
 
+typedef struct lb_key {
+    int64_t lb;
+    int32_t idx;
+} lb_key;
+
+/* Sort a[0..k) by lb descending, idx ascending (bottom-up merge sort; tmp
+ * holds k entries; no libc qsort, which may allocate behind the injectable
+ * allocator). */
+static void lb_sort(lb_key *a, lb_key *tmp, int32_t k)
+{
+    int32_t width, i;
+    lb_key *src = a, *dst = tmp;
+    for (width = 1; width < k; width *= 2) {
+        for (i = 0; i < k; i += 2 * width) {
+            int32_t l = i, m = i + width < k ? i + width : k, r = i + 2 * width < k ? i + 2 * width : k;
+            int32_t x = l, y = m, o = l;
+            while (x < m && y < r) {
+                if (src[y].lb > src[x].lb || (src[y].lb == src[x].lb && src[y].idx < src[x].idx))
+                    dst[o++] = src[y++];
+                else
+                    dst[o++] = src[x++];
+            }
+            while (x < m)
+                dst[o++] = src[x++];
+            while (y < r)
+                dst[o++] = src[y++];
+        }
+        {
+            lb_key *t = src;
+            src = dst;
+            dst = t;
+        }
+    }
+    if (src != a)
+        memcpy(a, src, sizeof(lb_key) * (size_t)k);
+}
+
 typedef struct hentry {
     int64_t f;
     int32_t depth;
@@ -606,6 +659,8 @@ typedef struct seg_ws {
     size_t c_tab;
     hentry *heap;
     size_t c_heap;
+    lb_key *sortk;
+    size_t c_sortk;
 } seg_ws;
 
 static void seg_ws_free(mf_ctx *ctx, seg_ws *w)
@@ -613,7 +668,7 @@ static void seg_ws_free(mf_ctx *ctx, seg_ws *w)
     void *ps[] = {w->ops, w->lborder, w->tptr, w->tidx, w->lsalloc, w->path, w->lsptr, w->lsucc, w->run,
                   w->rbits, w->pool, w->gptr, w->gidx, w->glued, w->pmask, w->lsrd, w->tbits,
                   w->ab, w->lbv, w->lsb, w->lsnever, w->bits, w->hash, w->g, w->live, w->fval, w->parent,
-                  w->last, w->depth, w->closed, w->tab, w->heap};
+                  w->last, w->depth, w->closed, w->tab, w->heap, w->sortk};
     size_t i;
     for (i = 0; i < sizeof ps / sizeof ps[0]; i++)
         mf_free(ctx, ps[i]);
@@ -884,16 +939,17 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
             w->gidx[w->path[u]++] = i;
             w->pmask[(size_t)u * W + (size_t)(i >> 6)] &= ~((uint64_t)1 << (i & 63));
         }
-    /* ops by lower bound, descending (insertion sort: k <= MF_DP_MAX_OPS) */
+    /* ops by lower bound, descending, ties by local index (O(k log k):
+     * large pieces reach the DP, NOTE [DP piece size]) */
+    if ((st = grow(ctx, (void **)&w->sortk, &w->c_sortk, (size_t)k * 2, sizeof(lb_key), 0)))
+        return st;
     for (i = 0; i < k; i++) {
-        int32_t x = i;
-        j = i;
-        while (j > 0 && w->lbv[w->lborder[j - 1]] < w->lbv[x]) {
-            w->lborder[j] = w->lborder[j - 1];
-            j--;
-        }
-        w->lborder[j] = x;
+        w->sortk[i].lb = w->lbv[i];
+        w->sortk[i].idx = i;
     }
+    lb_sort(w->sortk, w->sortk + k, k);
+    for (i = 0; i < k; i++)
+        w->lborder[i] = w->sortk[i].idx;
     *Wout = W;
     return MF_OK;
 }
@@ -1287,6 +1343,47 @@ out:
 /* ------------------------------------------------------------------ */
 /* mf_plan                                                             */
 
+/* NOTE [windows]
+ * Step 6 runs the DP on a window cur[a..b) around the plan's peak step pk:
+ * only orders of the window with every step < pk are wanted (U = pk), steps
+ * at or below the largest step outside the window are free (F).  Any order
+ * of a contiguous range of a valid order that respects the edges inside it
+ * is valid (what ran before a still does, what ran after b still does), the
+ * live bytes before a are unchanged, and the steps after b see the same
+ * sets; so an accepted window lowers the number of steps at pk by at least
+ * one and raises none: the plan's peak never rises.  Windows prove nothing
+ * (they never raise F), and stop at the first one that finds nothing.
+ * Growing windows: in a piece of more than `small` ops (NOTE [DP piece
+ * size]: its DP ran with a scaled share or not at all) a window that finds
+ * nothing is doubled around the same peak, up to `small` ops (each run then
+ * costs no more per state than a small piece's DP), each run capped at
+ * win_cap and all of them within the windows' budget (NOTE [state
+ * budget]); after a success the length is kept.  The windows in a piece of
+ * at most `small` ops keep MF_WIN_LEN: its DP already searched the whole
+ * piece and was capped, and larger windows there only repeat that search
+ * (benchmarks/scheduler_scaling.py's 12-16-path blocks: no lower peak with
+ * 96- or 192-op windows, twice the states).  A grown window that reaches the
+ * piece's end keeps its length by starting earlier.  On the checkpointed
+ * nanoGPT backward (973 ops, one piece, its scaled DP capped) the 24-op
+ * windows stop at 32.5645 MiB, 48 and 96 ops find nothing, 192 ops reach
+ * 32.5625 MiB (4k states); windows of up to 384 ops around its peak find
+ * nothing below 32.5605 MiB even with a million states. */
+
+/* The state cap of the DP over a piece of k ops (NOTE [DP piece size], NOTE
+ * [state budget]); 0: no DP. */
+static int64_t piece_cap(int64_t run_cap, int32_t k, int32_t small)
+{
+    double r;
+    int64_t c;
+    if (k <= small)
+        return run_cap;
+    if (k > (int64_t)MF_DP_BIG_FACTOR * small)
+        return 0;
+    r = (double)small / (double)k;
+    c = (int64_t)((double)run_cap * r * r);
+    return c > 0 ? c : 1;
+}
+
 static const char *const HEUR_NAMES[] = {"input", "greedy", "greedy-peak", "dfs"};
 #define N_HEUR 4
 
@@ -1311,13 +1408,18 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
      * the highest peak down; the first one left unproven (capped, too large,
      * out of budget) ends the piece loop, since no later piece can then
      * lower the plan's peak; windows continue with what is left, at most
-     * max(max_states / 4, win_cap) states in all. */
+     * max(max_states / 4, win_cap) states in all.  A piece of k > small ops
+     * (NOTE [DP piece size]) gets run_cap * (small / k)^2, at least one
+     * state, none above MF_DP_BIG_FACTOR * small ops. */
     int64_t run_cap = max_states / 4 > (max_states < 4096 ? max_states : 4096)
                           ? max_states / 4
                           : (max_states < 4096 ? max_states : 4096);
     int64_t win_cap = max_states / 32 > (max_states < 1024 ? max_states : 1024)
                           ? max_states / 32
                           : (max_states < 1024 ? max_states : 1024);
+    int32_t small = (opt && opt->dp_max_ops > 0 && opt->dp_max_ops < MF_DP_MAX_OPS) ? opt->dp_max_ops
+                                                                                      : MF_DP_MAX_OPS;
+    int32_t wlen0 = MF_WIN_LEN < small / 4 ? MF_WIN_LEN : (small / 4 > 2 ? small / 4 : 2), wlen;
     int fuse = opt ? opt->fuse : 1, input_valid, improved = 0, mixed = 0, liu_kept = 0;
     int st;
 
@@ -1537,6 +1639,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         budget = max_states;
         for (i = 0; i < np; i++) {
             int32_t p = order_of_piece[i];
+            int64_t pcap;
             seg_job J;
             if (ppeak[p] <= F) {
                 pdone[p] = 1;
@@ -1544,7 +1647,8 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             }
             /* the first piece left unproven has the highest peak among the
              * rest: no later piece can lower the plan's peak below it */
-            if (poff[p + 1] - poff[p] > MF_DP_MAX_OPS || budget <= 0)
+            pcap = piece_cap(run_cap, poff[p + 1] - poff[p], small);
+            if (pcap <= 0 || budget <= 0)
                 break;
             memset(&J, 0, sizeof J);
             J.a = poff[p];
@@ -1552,7 +1656,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             J.live0 = plive0[p];
             J.U = ppeak[p];
             J.F = F;
-            J.cap = budget < run_cap ? budget : run_cap;
+            J.cap = budget < pcap ? budget : pcap;
             if ((st = seg_solve(&P, &J)))
                 return st;
             states += J.states;
@@ -1578,12 +1682,14 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
                 break;
             }
         }
-        /* 6: windows around the peak step of unfinished pieces */
+        /* 6: windows around the peak step of unfinished pieces (NOTE
+         * [windows]) */
         win_budget = budget < max_states / 4 ? budget : max_states / 4;
         if (win_budget < win_cap && budget >= win_cap)
             win_budget = win_cap;
+        wlen = wlen0;
         for (i = 0; i < MF_WIN_ITERS && win_budget > 0; i++) {
-            int32_t pp = 0, j, p, wa, wb;
+            int32_t pp = 0, j, p, wa, wb, big;
             int64_t pk = -1, floor_ = F;
             seg_job J;
             for (j = 0; j < n; j++)
@@ -1596,12 +1702,18 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             p = piece_of[P.cur[pp]];
             if (pdone[p])
                 break; /* the peak is in a proven piece: cannot improve */
-            wa = pp - MF_WIN_LEN / 2;
+            big = poff[p + 1] - poff[p] > small;
+            if (!big)
+                wlen = wlen0;
+            wa = pp - wlen / 2;
             if (wa < poff[p])
                 wa = poff[p];
-            wb = wa + MF_WIN_LEN;
-            if (wb > poff[p + 1])
+            wb = wa + wlen;
+            if (wb > poff[p + 1]) {
                 wb = poff[p + 1];
+                if (big) /* a grown window keeps its length at the piece's end */
+                    wa = wb - wlen > poff[p] ? wb - wlen : poff[p];
+            }
             if (wb - wa < 2)
                 break;
             for (j = 0; j < n; j++)
@@ -1618,8 +1730,15 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
                 return st;
             states += J.states;
             win_budget -= J.states;
-            if (J.outcome != SEG_IMPROVED)
+            if (J.outcome != SEG_IMPROVED) {
+                /* NOTE [windows]: in a piece the DP could not take whole,
+                 * try twice the window around the same peak */
+                if (big && wlen < small && wb - wa == wlen) {
+                    wlen = 2 * wlen < small ? 2 * wlen : small;
+                    continue;
+                }
                 break;
+            }
             improved = 1;
         }
         if (improved)
@@ -1672,18 +1791,29 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         out->method = "dp-partial";
     if ((st = mf_fuse_group(ctx, a, &pg, out->order, fuse, out->group_ptr, &out->n_groups, &out->peak_bytes)))
         return st;
-    /* 8: fusion-aware moves (NOTE [fusion-aware moves] in mf_fuse.c) */
+    /* 8: fusion-aware moves (NOTE [fusion-aware moves] in mf_fuse.c), from the
+     * planned order and from the best heuristic order: the moves are a local
+     * search, and the DPs' last unfused gains can put the planned order in
+     * a worse basin for regions (nanoGPT's checkpointed backward: 31.56 MiB
+     * from the planned order, 29.56 from the heuristic one).  The lower fused
+     * peak reached by moves is kept. */
     if (fuse && !(opt && opt->no_fusion_moves)) {
-        int32_t moves = 0, ng2 = 0;
+        int32_t ng2 = 0, c;
         int32_t *ord2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
         int32_t *gp2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
         int64_t pk2 = 0;
         if (!ord2 || !gp2)
             return MF_ENOMEM;
-        memcpy(ord2, out->order, sizeof(int32_t) * (size_t)n);
-        if ((st = mf_fuse_refine(ctx, a, &pg, ord2, &moves)))
-            return st;
-        if (moves > 0) {
+        for (c = 0; c < 2; c++) {
+            const int32_t *start = c == 0 ? out->order : hord[best_h];
+            int32_t moves = 0;
+            if (c == 1 && (out->fusion_moves == 0 ? !memcmp(start, out->order, sizeof(int32_t) * (size_t)n) : 0))
+                break; /* the planned order is the heuristic one: done */
+            memcpy(ord2, start, sizeof(int32_t) * (size_t)n);
+            if ((st = mf_fuse_refine(ctx, a, &pg, ord2, &moves)))
+                return st;
+            if (moves == 0)
+                continue;
             if (!mf_pg_order_valid(&pg, ord2, scratch))
                 return mf_set_error(ctx, MF_EINTERNAL, "fusion-aware moves produced an invalid order");
             if ((st = mf_fuse_group(ctx, a, &pg, ord2, fuse, gp2, &ng2, &pk2)))

@@ -365,8 +365,10 @@ fail:
     return d;
 }
 
-/* Run the core planner on a built graph; returns the result dict. */
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves)
+/* Run the core planner on a built graph; returns the result dict.
+ * fusion_moves: 0 sets mf_plan_options.no_fusion_moves; dp_max_ops:
+ * mf_plan_options.dp_max_ops (0: the default; tests lower it). */
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int dp_max_ops)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
@@ -382,6 +384,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
     opt.max_states = max_states;
     opt.fuse = fuse;
     opt.no_fusion_moves = !fusion_moves;
+    opt.dp_max_ops = dp_max_ops;
     Py_BEGIN_ALLOW_THREADS
     st = mf_graph_check(&ctx, &desc);
     if (st == MF_OK)
@@ -400,17 +403,17 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
-                             "fusion_moves", NULL};
+                             "fusion_moves", "_dp_max_ops", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ep = NULL;
     PyObject *empty = NULL, *out = NULL;
-    int fuse = 1, fusion_moves = 1;
+    int fuse = 1, fusion_moves = 1, dp_max_ops = 0;
     long long max_states = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu, &af,
-                                     &ms, &fuse, &ep, &fusion_moves))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpi:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops))
         return NULL;
     if (ms != Py_None) {
         if (PyBool_Check(ms) || !PyLong_Check(ms)) {
@@ -430,7 +433,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
                     ep) == 0)
-        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves);
+        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves, dp_max_ops);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
     return out;
@@ -557,7 +560,8 @@ done:
 static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(), "
-     "max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> dict\n\nPlan the order and fusion groups with the least peak bytes."},
+     "max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> dict\n\nPlan the order and fusion groups with the least peak bytes.\n"
+     "_dp_max_ops (tests only): pieces above this many ops count as large for the DP (default 256)."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()) -> "
      "(peak, step_bytes, live_after)\n\nScore a schedule with the core's cost model."},

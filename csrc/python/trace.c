@@ -720,7 +720,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (fuse && c.epilogue_pair && c.epilogue_pair != Py_None && find_epilogues(&w, &c, ops_list) < 0)
         goto done;
-    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1)))
+    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, 0)))
         goto done;
     /* regroup: groups[k] = the bound symbols of the k-th planned group */
     order = PyDict_GetItemString(plan, "order");

@@ -544,7 +544,7 @@ static int check_fusion_moves(const mf_graph_desc *d, const ref *r, int64_t best
 {
     mf_ctx ctx;
     mf_plan_result res;
-    mf_plan_options opt;
+    mf_plan_options opt = {0};
     int st, moved, i;
     mf_ctx_init(&ctx, NULL);
     memset(&opt, 0, sizeof opt);
@@ -582,7 +582,7 @@ static int check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t 
 {
     mf_ctx ctx;
     mf_plan_result res;
-    mf_plan_options opt;
+    mf_plan_options opt = {0};
     int st, valid = 0, i, j, moved;
     int64_t sim = -1, ident_peak;
     int32_t ident[RMAX];
@@ -1298,7 +1298,7 @@ static void test_epilogue_pairs(void)
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_result res;
-    mf_plan_options unfused = {0, 0, 0};
+    mf_plan_options unfused = {0};
     int32_t epi[3] = {-1, 0, -1};
     int x, a, b, c;
     int64_t sim;
@@ -1687,7 +1687,7 @@ static void test_liu(void)
         ref r;
         mf_ctx ctx;
         mf_plan_result res;
-        mf_plan_options opt;
+        mf_plan_options opt = {0};
         int64_t pk;
         int32_t order[RMAX];
         chains_graph(&g, 2 + rint_(3), 3, rint_(2), rint_(3), rint_(2), rint_(2), rint_(2));
@@ -1734,6 +1734,119 @@ static void test_liu(void)
     printf("Liu merging: %d independent-chain graphs optimal, %d shapes checked (Liu kept at cap 1: %d), "
            "wide blocks: Liu kept in %d of %d\n",
            exact, plans, liu_capped, liu_wide, wide);
+}
+
+/* ---- pieces larger than the DP's full share (NOTE [DP piece size]) ---- */
+
+/* Plan d with the given options and check what holds at any cap: a valid
+ * order, peaks that agree with the reference, never below the optimum best,
+ * never worse than a valid input order, optimal only when it is.  Returns
+ * the plan's `optimal` (-1: the plan failed). */
+static int check_plan_opts(const mf_graph_desc *d, const ref *r, int64_t best, const mf_plan_options *opt,
+                           const char *what, int seed, int64_t *states)
+{
+    mf_ctx ctx;
+    mf_plan_result res;
+    int32_t ident[RMAX];
+    int st, i, optimal;
+    mf_ctx_init(&ctx, NULL);
+    for (i = 0; i < d->n_ops; i++)
+        ident[i] = i;
+    st = mf_plan(&ctx, d, opt, &res);
+    CHECK(st == MF_OK, "%s %d: plan failed %d %s", what, seed, st, ctx.err);
+    if (st)
+        return -1;
+    CHECK(ref_valid(r, res.order), "%s %d: invalid order", what, seed);
+    CHECK(ref_sim(r, res.order, NULL, 0, NULL) == res.unfused_peak_bytes, "%s %d: unfused peak", what, seed);
+    CHECK(ref_sim(r, res.order, res.group_ptr, res.n_groups, NULL) == res.peak_bytes, "%s %d: peak", what,
+          seed);
+    CHECK(res.unfused_peak_bytes >= best, "%s %d: %lld below the optimum %lld", what, seed,
+          (long long)res.unfused_peak_bytes, (long long)best);
+    if (res.optimal)
+        CHECK(res.unfused_peak_bytes == best, "%s %d: claims optimal at %lld, optimum %lld (method %s)", what,
+              seed, (long long)res.unfused_peak_bytes, (long long)best, res.method);
+    if (ref_valid(r, ident))
+        CHECK(res.unfused_peak_bytes <= ref_sim(r, ident, NULL, 0, NULL), "%s %d: worse than input", what, seed);
+    optimal = res.optimal;
+    if (states)
+        *states += res.states;
+    mf_plan_result_free(&ctx, &res);
+    return optimal;
+}
+
+/* Small graphs planned with dp_max_ops lowered to 2..4, so that their pieces
+ * are "large": the DP runs with the scaled share (and proves the optimum
+ * when it finishes), and when it is capped the windows grow (2, 4, ...) in
+ * those pieces.  Checked against brute force / the subset DP. */
+static void test_large_pieces(void)
+{
+    int t, tested = 0, proven = 0, proven_capped = 0, runs_capped = 0;
+    int64_t st_full = 0, st_capped = 0;
+    for (t = 0; t < 900; t++) {
+        tg g;
+        mf_graph_desc d;
+        ref r;
+        mf_ctx ctx;
+        mf_plan_options opt = {0};
+        int64_t best;
+        int o;
+        if (t % 3 == 0)
+            random_graph(&g, 6 + rint_(7), t % 2);
+        else if (t % 3 == 1)
+            block_graph(&g, 2 + rint_(3), 3, t % 2);
+        else
+            chains_graph(&g, 2 + rint_(3), 3, rint_(2), rint_(3), rint_(2), rint_(2), rint_(2));
+        if (g.n_ops > 20 || g.n_ops < 5) {
+            tg_free(&g);
+            continue;
+        }
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        if (mf_graph_check(&ctx, &d) != MF_OK) {
+            tg_free(&g);
+            continue;
+        }
+        ref_build(&d, &r);
+        best = g.n_ops <= 12 ? brute_min(&r) : subset_min(&r);
+        opt.fuse = t % 2;
+        opt.no_fusion_moves = 1; /* the unfused DP is under test (moves: check_fusion_moves) */
+        opt.dp_max_ops = 2 + t % 3;
+        o = check_plan_opts(&d, &r, best, &opt, "large pieces", t, &st_full);
+        proven += o == 1;
+        /* capped: the scaled share runs out, the windows take over */
+        opt.max_states = 4 + rint_(60);
+        o = check_plan_opts(&d, &r, best, &opt, "large pieces capped", t, &st_capped);
+        proven_capped += o == 1;
+        runs_capped++;
+        tested++;
+        tg_free(&g);
+    }
+    CHECK(proven * 10 >= tested * 9, "large pieces: only %d of %d proven at the default cap", proven, tested);
+    /* pieces above MF_DP_BIG_FACTOR * dp_max_ops skip the DP: windows only */
+    {
+        tg g;
+        mf_graph_desc d;
+        mf_ctx ctx;
+        mf_plan_result res;
+        mf_plan_options opt = {0};
+        int valid = 0;
+        int64_t sim = -1;
+        stack_graph(&g, 400);
+        d = tg_desc(&g);
+        mf_ctx_init(&ctx, NULL);
+        opt.fuse = 1;
+        opt.dp_max_ops = 2;
+        CHECK(mf_plan(&ctx, &d, &opt, &res) == MF_OK, "large pieces stack: %s", ctx.err);
+        CHECK(mf_check_order(&ctx, &d, res.order, &valid) == MF_OK && valid, "large pieces stack: invalid");
+        CHECK(mf_simulate(&ctx, &d, res.order, NULL, 0, &sim, NULL, NULL) == MF_OK &&
+                  sim == res.unfused_peak_bytes && sim <= res.baseline_peak_bytes,
+              "large pieces stack: peak %lld", (long long)sim);
+        mf_plan_result_free(&ctx, &res);
+        tg_free(&g);
+    }
+    printf("large-piece DP (dp_max_ops 2..4) on %d small graphs: %d proven (%lld states); capped: %d of %d "
+           "proven (%lld states)\n",
+           tested, proven, (long long)st_full, proven_capped, runs_capped, (long long)st_capped);
 }
 
 /* ---- allocation failure injection ---- */
@@ -1800,7 +1913,7 @@ static void test_alloc_failures(void)
 {
     tg g;
     mf_graph_desc d;
-    mf_plan_options opt;
+    mf_plan_options opt = {0};
     int t, found = 0;
     int32_t ident[64];
     for (t = 0; t < 64; t++)
@@ -1849,6 +1962,16 @@ static void test_alloc_failures(void)
         tg_free(&g);
     }
     CHECK(found, "no chain graph kept Liu's order");
+    /* a large piece (dp_max_ops lowered): the scaled DP, capped, then
+     * growing windows */
+    stack_graph(&g, 150);
+    d = tg_desc(&g);
+    opt.max_states = 3000;
+    opt.fuse = 1;
+    opt.dp_max_ops = 8;
+    inject(&d, call_plan, &opt, "plan with a large piece");
+    opt.dp_max_ops = 0;
+    tg_free(&g);
     /* a DP that grows its state arrays and hash table, capped, then windows */
     stack_graph(&g, 150);
     d = tg_desc(&g);
@@ -1942,6 +2065,7 @@ int main(int argc, char **argv)
     test_sinks();
     test_random_medium();
     test_liu();
+    test_large_pieces();
     test_alloc_failures();
     test_large(full);
     printf("%d checks, %d failures\n", g_checks, g_failures);
