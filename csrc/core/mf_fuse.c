@@ -296,7 +296,8 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
 #define MF_REFINE_H 8
 #define MF_REFINE_BLOCK 3 /* longest block of consecutive ops moved as one */
 #define MF_REFINE_MAX_WIN 128
-#define MF_REFINE_BUDGET 300000 /* window positions evaluated, all moves together (~10 ms) */
+#define MF_REFINE_BUDGET 300000 /* window positions evaluated, all moves together (~10 ms), */
+#define MF_REFINE_PER_OP 256     /* and at most this many per op of the graph (small graphs) */
 #define MF_REFINE_SCAN 16        /* peak groups whose moves one round compares */
 #define MF_REFINE_MAX_PEAKS 64   /* more groups at the peak than this: stop */
 
@@ -465,12 +466,14 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
 {
     refine_st R;
     int32_t n = pg->n, g, k, moves = 0, best_moves = 0, ns1 = pg->ns + 1, W = MF_REFINE_MAX_WIN + 2;
-    int64_t P, P0, best_P, budget = MF_REFINE_BUDGET;
+    int64_t P, P0, best_P, budget = (int64_t)MF_REFINE_PER_OP * n;
     int32_t *best, *full_parent;
     int64_t *full_val;
     int st;
 
     *moves_out = 0;
+    if (budget > MF_REFINE_BUDGET)
+        budget = MF_REFINE_BUDGET;
     for (g = 0; g < n && !pg->fusible[g] && pg->epi[g] < 0; g++)
         ;
     if (g == n) /* no op can join a group: moves could only redo the unfused DPs' work */
