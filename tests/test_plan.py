@@ -37,6 +37,19 @@ def _check_plan_properties(g: Graph, spec, p):
     assert p.lower_bound_bytes <= p.unfused_peak_bytes
 
 
+def _check_against_optimum(g, spec, p, i, must_prove) -> bool:
+    """The plan's properties, never below the brute-force optimum, `optimal` only when it is
+    (required when must_prove).  Returns p.optimal."""
+    _check_plan_properties(g, spec, p)
+    best = g.min_peak()
+    assert p.unfused_peak_bytes >= best
+    if p.optimal:
+        assert p.unfused_peak_bytes == best, f"graph {i}: claims optimal: {spec}"
+    if must_prove:
+        assert p.optimal, f"graph {i}: not proven at the default cap: {spec}"
+    return p.optimal
+
+
 def test_random_dags_are_optimal_against_brute_force():
     rng = random.Random(1234)
     n_graphs = 1000
@@ -63,14 +76,7 @@ def test_parallel_chains_against_brute_force(max_states):
             continue
         g = Graph(**spec)
         p = tm.plan(**spec, max_states=max_states, fusion_moves=False)
-        _check_plan_properties(g, spec, p)
-        best = g.min_peak()
-        assert p.unfused_peak_bytes >= best
-        if p.optimal:
-            n_optimal += 1
-            assert p.unfused_peak_bytes == best, f"graph {i}: claims optimal: {spec}"
-        if max_states is None:
-            assert p.optimal, f"graph {i}: not proven at the default cap: {spec}"
+        n_optimal += _check_against_optimum(g, spec, p, i, must_prove=max_states is None)
         n_liu += p.method == "liu"
     assert n_optimal > 0
     if max_states == 1:
@@ -98,14 +104,7 @@ def test_large_pieces_against_brute_force(max_states):
             continue
         g = Graph(**spec)
         p = _plan_dp_max_ops(spec, 2 + i % 2, max_states)
-        _check_plan_properties(g, spec, p)
-        best = g.min_peak()
-        assert p.unfused_peak_bytes >= best
-        if p.optimal:
-            n_proven += 1
-            assert p.unfused_peak_bytes == best, f"graph {i}: claims optimal: {spec}"
-        if max_states is None:
-            assert p.optimal, f"graph {i}: large-piece DP did not finish: {spec}"
+        n_proven += _check_against_optimum(g, spec, p, i, must_prove=max_states is None)
         n += 1
     assert n > 200 and n_proven > 0
 
