@@ -1798,18 +1798,17 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
      * from the planned order, 29.56 from the heuristic one).  The lower fused
      * peak reached by moves is kept. */
     if (fuse && !(opt && opt->no_fusion_moves)) {
-        int32_t ng2 = 0, c;
+        int32_t ng2 = 0, c, n_starts;
         int32_t *ord2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
         int32_t *gp2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
         int64_t pk2 = 0;
         if (!ord2 || !gp2)
             return MF_ENOMEM;
-        for (c = 0; c < 2; c++) {
-            const int32_t *start = c == 0 ? out->order : hord[best_h];
+        /* the planned order may be the heuristic one: then one start */
+        n_starts = memcmp(hord[best_h], out->order, sizeof(int32_t) * (size_t)n) ? 2 : 1;
+        for (c = 0; c < n_starts; c++) {
             int32_t moves = 0;
-            if (c == 1 && (out->fusion_moves == 0 ? !memcmp(start, out->order, sizeof(int32_t) * (size_t)n) : 0))
-                break; /* the planned order is the heuristic one: done */
-            memcpy(ord2, start, sizeof(int32_t) * (size_t)n);
+            memcpy(ord2, c == 0 ? out->order : hord[best_h], sizeof(int32_t) * (size_t)n);
             if ((st = mf_fuse_refine(ctx, a, &pg, ord2, &moves)))
                 return st;
             if (moves == 0)

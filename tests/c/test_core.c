@@ -534,6 +534,31 @@ static void random_graph(tg *out, int n, int permute)
     tg_free(&g);
 }
 
+/* The desc and reference of a generated test graph of min_ops..max_ops ops
+ * that passes mf_graph_check (a CHECK failure when must_check).  Returns 0
+ * (and frees g) when the graph is to be skipped. */
+static int test_graph(tg *g, mf_graph_desc *d, ref *r, int min_ops, int max_ops, int must_check, const char *what,
+                      int t)
+{
+    mf_ctx ctx;
+    int st;
+    if (g->n_ops < min_ops || g->n_ops > max_ops) {
+        tg_free(g);
+        return 0;
+    }
+    *d = tg_desc(g);
+    mf_ctx_init(&ctx, NULL);
+    st = mf_graph_check(&ctx, d);
+    if (must_check)
+        CHECK(st == MF_OK, "%s %d: %s", what, t, ctx.err);
+    if (st != MF_OK) {
+        tg_free(g);
+        return 0;
+    }
+    ref_build(d, r);
+    return 1;
+}
+
 /* ---- checks shared by the random tests ---- */
 
 /* Checks of a plan with fusion-aware moves (NOTE [fusion-aware moves]) on
@@ -779,17 +804,10 @@ static void test_blocks(void)
         tg g;
         mf_graph_desc d;
         ref r;
-        mf_ctx ctx;
         int64_t best;
         block_graph(&g, 2 + rint_(3), 3, t % 2);
-        if (g.n_ops > 20 || g.n_ops < 2) {
-            tg_free(&g);
+        if (!test_graph(&g, &d, &r, 2, 20, 1, "blocks", t))
             continue;
-        }
-        d = tg_desc(&g);
-        mf_ctx_init(&ctx, NULL);
-        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "blocks %d: %s", t, ctx.err);
-        ref_build(&d, &r);
         best = subset_min(&r);
         n_moved += check_plan_against_ref(&d, &r, best, "blocks", t);
         tested++;
@@ -975,16 +993,9 @@ static void test_sinks(void)
         tg g;
         mf_graph_desc d;
         ref r;
-        mf_ctx ctx;
         sink_block_graph(&g, 2 + rint_(2), 3);
-        if (g.n_ops > 18 || g.n_ops < 2) {
-            tg_free(&g);
+        if (!test_graph(&g, &d, &r, 2, 18, 1, "sink blocks", t))
             continue;
-        }
-        d = tg_desc(&g);
-        mf_ctx_init(&ctx, NULL);
-        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "sink blocks %d: %s", t, ctx.err);
-        ref_build(&d, &r);
         check_plan_against_ref(&d, &r, g.n_ops <= 12 ? brute_min(&r) : subset_min(&r), "sink blocks", t);
         tested++;
         tg_free(&g);
@@ -1033,15 +1044,11 @@ static void test_random_medium(void)
         tg g;
         mf_graph_desc d;
         ref r;
-        mf_ctx ctx;
         random_graph(&g, 11 + rint_(6), t % 2);
-        d = tg_desc(&g);
-        mf_ctx_init(&ctx, NULL);
-        if (mf_graph_check(&ctx, &d) == MF_OK) {
-            ref_build(&d, &r);
-            n_moved += check_plan_against_ref(&d, &r, subset_min(&r), "medium", t);
-            tested++;
-        }
+        if (!test_graph(&g, &d, &r, 0, RMAX, 0, "medium", t))
+            continue;
+        n_moved += check_plan_against_ref(&d, &r, subset_min(&r), "medium", t);
+        tested++;
         tg_free(&g);
     }
     printf("medium random graphs checked against the subset DP: %d; fusion-aware moves lowered %d\n", tested,
@@ -1657,18 +1664,11 @@ static void test_liu(void)
         tg g;
         mf_graph_desc d;
         ref r;
-        mf_ctx ctx;
         int64_t best, pk = -1;
         int32_t order[RMAX];
         chains_graph(&g, 2 + rint_(3), 4, 0, rint_(2), 0, 0, 0);
-        if (g.n_ops > 16) {
-            tg_free(&g);
+        if (!test_graph(&g, &d, &r, 0, 16, 1, "liu exact", t))
             continue;
-        }
-        d = tg_desc(&g);
-        mf_ctx_init(&ctx, NULL);
-        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "liu exact %d: %s", t, ctx.err);
-        ref_build(&d, &r);
         best = brute_min(&r);
         if (g.n_ops >= 3) {
             CHECK(liu_whitebox(&d, &r, &pk, order), "liu exact %d: not applied", t);
@@ -1691,14 +1691,9 @@ static void test_liu(void)
         int64_t pk;
         int32_t order[RMAX];
         chains_graph(&g, 2 + rint_(3), 3, rint_(2), rint_(3), rint_(2), rint_(2), rint_(2));
-        if (g.n_ops > 20 || g.n_ops < 3) {
-            tg_free(&g);
+        if (!test_graph(&g, &d, &r, 3, 20, 1, "liu shapes", t))
             continue;
-        }
-        d = tg_desc(&g);
         mf_ctx_init(&ctx, NULL);
-        CHECK(mf_graph_check(&ctx, &d) == MF_OK, "liu shapes %d: %s", t, ctx.err);
-        ref_build(&d, &r);
         if (liu_whitebox(&d, &r, &pk, order))
             CHECK(ref_valid(&r, order) && pk >= subset_min(&r), "liu shapes %d: order", t);
         check_plan_against_ref(&d, &r, subset_min(&r), "liu shapes", t);
@@ -1786,7 +1781,6 @@ static void test_large_pieces(void)
         tg g;
         mf_graph_desc d;
         ref r;
-        mf_ctx ctx;
         mf_plan_options opt = {0};
         int64_t best;
         int o;
@@ -1796,17 +1790,8 @@ static void test_large_pieces(void)
             block_graph(&g, 2 + rint_(3), 3, t % 2);
         else
             chains_graph(&g, 2 + rint_(3), 3, rint_(2), rint_(3), rint_(2), rint_(2), rint_(2));
-        if (g.n_ops > 20 || g.n_ops < 5) {
-            tg_free(&g);
+        if (!test_graph(&g, &d, &r, 5, 20, 0, "large pieces", t))
             continue;
-        }
-        d = tg_desc(&g);
-        mf_ctx_init(&ctx, NULL);
-        if (mf_graph_check(&ctx, &d) != MF_OK) {
-            tg_free(&g);
-            continue;
-        }
-        ref_build(&d, &r);
         best = g.n_ops <= 12 ? brute_min(&r) : subset_min(&r);
         opt.fuse = t % 2;
         opt.no_fusion_moves = 1; /* the unfused DP is under test (moves: check_fusion_moves) */
