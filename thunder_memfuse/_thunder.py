@@ -46,12 +46,47 @@ def _ids(bsym):
         yield from _ids(s)
 
 
+# NOTE [random ops]: an op whose result depends on the RNG state must keep its
+# place among the other such ops, or a fixed seed gives different numbers than
+# plain Thunder.  The final trace does not tag them (an executor's `uniform`
+# carries no RANDOM_OP tag and no subsymbols), so they are found by what they
+# are: the symbol's name or id, at any depth, with any executor prefix
+# ("torch.bernoulli", "PrimIDs.UNIFORM") removed.  Over-matching only adds an
+# ordering edge, which never makes a program wrong.
+RANDOM_NAMES = frozenset(
+    {
+        "uniform", "uniform_", "uniform_like", "uniform_philox", "rand", "rand_like", "randn", "randn_like",
+        "randint", "randint_like", "randperm", "bernoulli", "bernoulli_", "multinomial", "normal", "normal_",
+        "exponential", "exponential_", "poisson", "random_", "cauchy_", "geometric_", "log_normal_",
+        "dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout", "alpha_dropout",
+        "feature_alpha_dropout", "feature_dropout", "rrelu", "get_and_update_rng_state", "get_rng_state",
+        "set_rng_state", "manual_seed", "seed",
+    }
+)
+
+
+def _base_name(x) -> str:
+    return str(x).rsplit(".", 1)[-1].lower()
+
+
+def is_random(bsym) -> bool:
+    """Does bsym (or anything it is made of) draw from or touch the RNG state?"""
+    stack = [bsym]
+    while stack:
+        b = stack.pop()
+        for n in (_base_name(b.sym.id), _base_name(b.sym.name)):
+            if n in RANDOM_NAMES or "philox" in n or "rng" in n:
+                return True
+        stack.extend(b.subsymbols)
+    return False
+
+
 def effects(bsym) -> int:
     """Ordering flags of a bound symbol (csrc/python/trace.c NOTE [ordering edges])."""
     tags = gather_tags(bsym)
     flags = 0
     ids = set(_ids(bsym))
-    if not _ORDER_TAGS.isdisjoint(tags) or PrimIDs.ITEM in ids or _is_collective(bsym):
+    if not _ORDER_TAGS.isdisjoint(tags) or PrimIDs.ITEM in ids or _is_collective(bsym) or is_random(bsym):
         flags |= _C.EFF_ORDERED
     if not _WRITE_TAGS.isdisjoint(tags) or not _WRITE_IDS.isdisjoint(ids):
         flags |= _C.EFF_WRITES
@@ -128,4 +163,4 @@ def saved_activations(forward_trace) -> frozenset:
     return frozenset(s.name for s in saved if isinstance(s, TensorProxy) and not is_input(s))
 
 
-__all__ = ["plan_trace", "saved_activations", "effects", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+__all__ = ["plan_trace", "saved_activations", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
