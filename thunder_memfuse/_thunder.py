@@ -110,6 +110,13 @@ def _fusible_predicate():
     return fusible_bsym
 
 
+def _never_random(pred):
+    """A region compiler draws random numbers its own way (Inductor's RNG is
+    not eager's), so a random op never joins a region: it runs as the same
+    torch call plain Thunder makes (NOTE [random ops])."""
+    return lambda bsym: not is_random(bsym) and bool(pred(bsym))
+
+
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None):
     """Run the C trace reader and planner on a list of bound symbols.
 
@@ -127,7 +134,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         drop_ids=DROP_IDS,
         return_ids=RETURN_IDS,
         effects=effects,
-        fusible=fusible or _fusible_predicate(),
+        fusible=_never_random(fusible or _fusible_predicate()),
         max_states=max_states,
         fuse=fuse,
         freeable=frozenset(freeable or ()),
