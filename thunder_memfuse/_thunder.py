@@ -144,13 +144,16 @@ def _fusible_predicate():
     return fusible_bsym
 
 
-def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None):
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None,
+               comm_overlap=True):
     """Run the C trace reader and planner on a list of bound symbols.
 
     freeable: names of prologue tensors the trace frees after their last use
     (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
-    executor.epilogue_pair; trace.c NOTE [epilogue candidates])."""
+    executor.epilogue_pair; trace.c NOTE [epilogue candidates]).
+    comm_overlap: issue collectives early and waits late within the planned
+    peaks (csrc/core/mf_comm.c NOTE [collective overlap])."""
     if epilogue_pair is None:
         from .executor import epilogue_pair
     return _C.plan_trace(
@@ -167,6 +170,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         fuse=fuse,
         freeable=frozenset(freeable or ()),
         epilogue_pair=epilogue_pair,
+        comm_overlap=comm_overlap,
     )
 
 

@@ -3,7 +3,7 @@
  *
  * plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids,
  *            return_ids, effects, fusible, max_states=None, fuse=True,
- *            freeable=None, epilogue_pair=None)
+ *            freeable=None, epilogue_pair=None, comm_overlap=True)
  *
  * Walks the bound symbols of a trace through the C API (bsym.sym.id,
  * bsym.sym.name, bsym.flat_proxy_args, bsym.flat_proxy_outs, proxy.name,
@@ -577,13 +577,13 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
                              "effects",    "fusible",     "max_states", "fuse",         "freeable",
-                             "epilogue_pair", NULL};
+                             "epilogue_pair", "comm_overlap", NULL};
     cfg_t c;
     PyObject *freeable = NULL;
     int virtual_open = 0;
     PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
     PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
-    int fuse = 1, seen_op = 0;
+    int fuse = 1, seen_op = 0, comm_overlap = 1;
     long long max_states = 0;
     walk_t w;
     Py_ssize_t i, n;
@@ -591,9 +591,9 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 
     memset(&w, 0, sizeof w);
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOO:plan_trace", kwlist, &bsyms, &c.tensor_type,
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOOp:plan_trace", kwlist, &bsyms, &c.tensor_type,
                                      &c.view_names, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
-                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair))
+                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair, &comm_overlap))
         return NULL;
     if (!c.tensor_type || !c.view_names || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
         !c.fusible) {
@@ -773,7 +773,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (fuse && c.epilogue_pair && c.epilogue_pair != Py_None && find_epilogues(&w, &c, ops_list) < 0)
         goto done;
-    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, 1, 0)))
+    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, comm_overlap, 0)))
         goto done;
     /* regroup: groups[k] = the bound symbols of the k-th planned group */
     order = PyDict_GetItemString(plan, "order");
@@ -827,7 +827,7 @@ done:
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, fusible, "
-     "max_states=None, fuse=True, freeable=None, epilogue_pair=None) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
+     "max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
     {NULL, NULL, 0, NULL},
 };
 
