@@ -6,7 +6,8 @@ An MLP of BLOCKS x (Linear + GELU), thunder.distributed.ddp(thunder.jit(model, t
 Thunder alone, memfuse (default: reorder only on CPU, collectives placed for overlap) and memfuse with
 comm_overlap=False (collectives where the memory plan puts them).  Per rank: the measured peak of real
 CPU allocations over one training step (forward + backward, torch.profiler, above what is live before
-it), and the median wall time of --steps steps (after one compiling step, a barrier before each).
+it), and the median wall time of --steps steps (after one compiling step; the variants' steps
+interleaved, a barrier before each).
 Also: gradients equal to Thunder's (bit for bit), and from report() how many all_reduces memfuse issues
 earlier than Thunder's trace and by how many ops in total.  Asserts nothing; prints a table.
 """
@@ -56,38 +57,41 @@ def _worker(rank, port, args, q):
 
     gen = torch.Generator().manual_seed(100 + rank)
     xs = [torch.randn(args.batch, args.width, generator=gen) for _ in range(args.steps + 2)]
-    rows, ref_grads = {}, None
+    models = {}
     for variant in VARIANTS:
         torch.manual_seed(0)
         transforms = [] if variant == "thunder" else [tm.MemFuse(comm_overlap=variant == "memfuse")]
-        jm = thunder.distributed.ddp(thunder.jit(_model(args), transforms=transforms))
+        models[variant] = thunder.distributed.ddp(thunder.jit(_model(args), transforms=transforms))
 
-        def step(x):
-            for p in jm.parameters():
-                p.grad = None
-            jm(x).square().mean().backward()
+    def step(jm, x):
+        for p in jm.parameters():
+            p.grad = None
+        jm(x).square().mean().backward()
 
-        step(xs[0])  # compiles
+    rows, times = {}, {v: [] for v in VARIANTS}
+    for variant, jm in models.items():
+        step(jm, xs[0])  # compiles
         dist.barrier()
-        peak, _ = cpu_peak_bytes(step, xs[1])
-        times = []
-        for x in xs[2:]:
+        peak, _ = cpu_peak_bytes(step, jm, xs[1])
+        rows[variant] = {"peak_mib": peak / MIB}
+    # timed steps, the variants interleaved so that a load change on the machine hits all alike
+    for x in xs[2:]:
+        for variant, jm in models.items():
             dist.barrier()
             t0 = time.perf_counter()
-            step(x)
-            times.append((time.perf_counter() - t0) * 1e3)
-        grads = [p.grad.clone() for p in jm.parameters()]
-        row = {"peak_mib": peak / MIB, "step_ms": statistics.median(times)}
-        if ref_grads is None:
-            ref_grads = grads
-        else:
-            row["grads_equal"] = all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+            step(jm, x)
+            times[variant].append((time.perf_counter() - t0) * 1e3)
+    ref_grads = [p.grad for p in models["thunder"].parameters()]
+    for variant, jm in models.items():
+        row = rows[variant]
+        row["step_ms"] = statistics.median(times[variant])
+        if variant != "thunder":
+            row["grads_equal"] = all(torch.equal(p.grad, r) for p, r in zip(jm.parameters(), ref_grads))
             colls = tm.report(jm)["backward"]["collectives"]
             row["earlier"] = sum(c["after"] < c["before"] for c in colls)
             row["later"] = sum(c["after"] > c["before"] for c in colls)
             row["ops_earlier"] = sum(c["before"] - c["after"] for c in colls)
             row["n_collectives"] = len(colls)
-        rows[variant] = row
     dist.barrier()
     dist.destroy_process_group()
     q.put((rank, rows))
