@@ -167,7 +167,10 @@ typedef struct mf_plan_result {
  * order as returned, unfused, and `method` the rung that planned it before
  * the moves.  Always peak_bytes <=
  * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order.  baseline_peak_bytes is the simulated
- * peak of 0..n-1 even when that order is not valid.  Free the result with
+ * peak of 0..n-1 even when that order is not valid.  With g->comm (and not
+ * opt->no_comm_overlap), collectives and waits are then placed for overlap
+ * (mf_comm.c NOTE [collective overlap]; comm_moves > 0 when some moved),
+ * never raising either peak.  Free the result with
  * mf_plan_result_free (also safe on a zeroed result). */
 int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt,
             mf_plan_result *out);
