@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD = 2
-TIMEOUT_S = 240
+TIMEOUT_S = 300
 WIDTH, BATCH, BLOCKS = 64, 256, 4
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
