@@ -49,6 +49,8 @@ def _model(args):
 def _worker(rank, port, args, q):
     warnings.simplefilter("ignore")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if os.path.exists("/sys/class/net/lo"):  # gloo on loopback, whatever the hostname resolves to
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
     import thunder
