@@ -7,7 +7,8 @@
 # Stages: environment -> install Thunder 0.2.6 and missing deps from wheels/ (filled beforehand by
 # benchmarks/fetch_gpu_wheels.sh) into $SITE (on PYTHONPATH) -> build the extension in place
 # (setup.py build_ext --inplace) -> cuda_status -> pytest tests/test_gpu.py -> benchmarks/seed_gpu.py ->
-# tests/test_codegen.py if time is left.  Each stage has a time limit inside an overall budget
+# benchmarks/fsdp_gpu.py (Thunder FSDP, world size 1 over NCCL, with and without memfuse: gradients,
+# max_memory_allocated, collective positions) -> tests/test_codegen.py if time is left.  Each stage has a time limit inside an overall budget
 # (GPU_CHECK_BUDGET seconds, default 450 < 8 minutes); a failing stage is recorded in
 # $OUT/gpu_check.json and the script goes on.  Exit status 0 unless the summary itself fails.
 set -u
@@ -124,6 +125,7 @@ fi
 stage status 60 cuda_status
 stage test_gpu 200 "$PY" -m pytest -q -rs tests/test_gpu.py -p no:cacheprovider --junitxml "$OUT/test_gpu.xml"
 stage seed 200 "$PY" benchmarks/seed_gpu.py --out "$OUT/seed_gpu.json"
+stage fsdp 120 "$PY" benchmarks/fsdp_gpu.py --out "$OUT/fsdp_gpu.json"
 stage test_codegen 120 "$PY" -m pytest -q -rs tests/test_codegen.py -p no:cacheprovider --junitxml "$OUT/test_codegen.xml"
 
 "$PY" - "$OUT" <<'PYEOF'
@@ -141,7 +143,7 @@ for name in ("test_gpu", "test_codegen"):
     if os.path.exists(log):
         m = re.findall(r"^=*\s*(.*\b(?:passed|failed|skipped|error)\b.*?)\s*=*$", open(log, errors="replace").read(), re.M)
         report[name + "_summary"] = m[-1] if m else None
-for name in ("cuda_status", "seed_gpu"):
+for name in ("cuda_status", "seed_gpu", "fsdp_gpu"):
     p = os.path.join(out, name + ".json")
     if os.path.exists(p):
         try:
@@ -163,6 +165,16 @@ if seed.get("results"):
             r["config"], r["function"], "%.2f" % r["peak_mib"] if "peak_mib" in r else "-",
             "%.3f" % r["ms_median"] if "ms_median" in r else "-",
             {True: "yes", False: "NO"}.get(r.get("ok"), "-"), r.get("error", "")[:50]))
+fsdp = report.get("fsdp_gpu") or {}
+if fsdp.get("results"):
+    print("\n%-6s %12s %12s %10s %10s %10s" % ("fsdp", "thunder MiB", "memfuse MiB", "thunder ms", "memfuse ms", "grads ok"))
+    for r in fsdp["results"]:
+        if "error" in r:
+            print("%-6s error: %s" % (r["strategy"], r["error"][:80]))
+            continue
+        print("%-6s %12.2f %12.2f %10.2f %10.2f %10s" % (
+            r["strategy"], r["thunder"]["peak_mib"], r["memfuse"]["peak_mib"], r["thunder"]["step_ms"],
+            r["memfuse"]["step_ms"], {True: "yes", False: "NO"}.get(r.get("grads_close"), "-")))
 print("\nreport:", os.path.join(out, "gpu_check.json"))
 PYEOF
 exit 0

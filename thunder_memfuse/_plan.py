@@ -20,7 +20,9 @@ class Plan:
     fusion_moves: single-op moves kept after grouping because they lower the
     fused peak (NOTE [fusion-aware moves] in csrc/core/mf_fuse.c); when > 0,
     unfused_peak_bytes and optimal describe the moved order, method the
-    order before the moves.
+    order before the moves.  comm_moves: collectives issued earlier and waits
+    run later than the planned order had them (NOTE [collective overlap] in
+    csrc/core/mf_comm.c), within the planned peaks.
     """
 
     order: list
@@ -33,10 +35,11 @@ class Plan:
     states: int
     method: str = field(default="")
     fusion_moves: int = 0
+    comm_moves: int = 0
 
 
 def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(),
-         max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> Plan:
+         max_states=None, fuse=True, epilogues=(), fusion_moves=True, comm=(), comm_overlap=True) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -49,11 +52,15 @@ def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fus
     after u and u's outputs are read by v alone and are not graph outputs.
     fusion_moves: with fuse, move single ops near the peak where that lowers
     the fused peak (False: group the planned order as it is).
+    comm: pairs (op, kind), kind 1 for an asynchronous collective, 2 for a
+    wait on its result: collectives keep their relative order, and with
+    comm_overlap each is issued as early and each wait run as late as the
+    graph allows without raising the planned peaks.
     Bad input raises ValueError or TypeError naming the problem.
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
-                fusion_moves=fusion_moves)
+                fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap)
     return Plan(**d)
 
 

@@ -79,9 +79,42 @@ def _largest_live_at_peak(info, step_bytes, top=5):
     return live[:top]
 
 
+def _collectives(info):
+    """Per asynchronous collective, in issue order: its result's name, its
+    position among the trace's ops in Thunder's order ("before") and in
+    memfuse's ("after"), and the same for the wait on it (None when the trace
+    has none).  Positions count ops (a region's ops one by one; the
+    prologue, dels, comments and the return not at all), so the two orders
+    compare directly (csrc/core/mf_comm.c NOTE [collective overlap])."""
+    g, plan, names = info["graph"], info["plan"], info["names"]
+    comm = dict(g.get("comm", ()))
+    if not comm:
+        return []
+    virtual = len(g["ops"]) - info["ops"]  # trace.c NOTE [freeable saved tensors]: op 0, run first
+    after = {op: i for i, op in enumerate(plan["order"])}
+    wait_of = {}
+    for k, kind in comm.items():
+        if kind == 2:
+            for v in g["ops"][k][0]:
+                wait_of.setdefault(v, k)
+    out = []
+    for k in sorted(op for op, kind in comm.items() if kind == 1):
+        outs = g["ops"][k][1]
+        w = next((wait_of[v] for v in outs if v in wait_of), None)
+        out.append({
+            "name": str(names[outs[0]]) if outs else f"op{k}",
+            "before": k - virtual,
+            "after": after[k] - virtual,
+            "wait_before": None if w is None else w - virtual,
+            "wait_after": None if w is None else after[w] - virtual,
+        })
+    return out
+
+
 def report(jfn) -> dict:
     """Per trace ("forward", "backward"): peak before/after, regions before/after,
-    proven optimal or not, and the largest tensors live at the peak."""
+    proven optimal or not, the largest tensors live at the peak, and per
+    asynchronous collective its position before and after memfuse."""
     out = {}
     for kind, info in _memfuse_traces(jfn).items():
         plan = info["plan"]
@@ -101,6 +134,8 @@ def report(jfn) -> dict:
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
             "largest_live_at_peak": _largest_live_at_peak(info, steps_after),
+            "comm_moves": plan.get("comm_moves", 0),
+            "collectives": _collectives(info),
         }
     if not out:
         raise ValueError("report: this function has no trace transformed by memfuse (was it called once?)")
@@ -120,6 +155,9 @@ def format_report(rep: dict) -> str:
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
         for name, b in r["largest_live_at_peak"]:
             lines.append(f"    live at peak: {name} {b / 2**20:.2f} MiB")
+        for c in r.get("collectives", ()):
+            wait = "" if c["wait_before"] is None else f", its wait {c['wait_before']} -> {c['wait_after']}"
+            lines.append(f"    collective {c['name']}: op {c['before']} -> {c['after']}{wait}")
     return "\n".join(lines)
 
 

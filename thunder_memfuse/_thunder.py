@@ -82,7 +82,15 @@ def is_random(bsym) -> bool:
 
 
 def effects(bsym) -> int:
-    """Ordering flags of a bound symbol (csrc/python/trace.c NOTE [ordering edges])."""
+    """Ordering flags of a bound symbol (csrc/python/trace.c NOTE [ordering edges]
+    and NOTE [collectives])."""
+    comm = comm_kind(bsym)
+    if comm == "issue":
+        # NOTE [collectives]: kept in trace order by the core, placed for overlap;
+        # an all_reduce told to skip its clone reduces its argument in place
+        return _C.EFF_COMM | (_C.EFF_WRITES if _may_write_in_place(bsym) else 0)
+    if comm == "wait":
+        return _C.EFF_WAIT
     tags = gather_tags(bsym)
     flags = 0
     ids = set(_ids(bsym))
@@ -101,6 +109,32 @@ def _is_collective(bsym) -> bool:
     return any(isinstance(o, FutureTensorProxy) for o in bsym.flat_proxy_outs)
 
 
+def comm_kind(bsym) -> str | None:
+    """"issue" for an asynchronous collective (it returns futures and nothing
+    else), "wait" for a wait on one future (it reads a future and returns
+    tensors), else None.  Told apart by their proxies, which every executor's
+    version of Thunder's distributed prims keeps; any other distributed symbol
+    (synchronize, pack, a blocking collective) stays an ordered op."""
+    outs = bsym.flat_proxy_outs
+    if outs and all(isinstance(o, FutureTensorProxy) for o in outs):
+        return "issue"
+    args = [a for a in bsym.flat_proxy_args if isinstance(a, (TensorProxy, FutureTensorProxy))]
+    if (len(args) == 1 and isinstance(args[0], FutureTensorProxy) and outs
+            and all(isinstance(o, TensorProxy) for o in outs)):
+        return "wait"
+    return None
+
+
+def _may_write_in_place(bsym) -> bool:
+    """An all_reduce with skip_clone=True reduces its argument in place (Thunder's
+    torch executor); the other collectives write a new tensor."""
+    if "all_reduce" not in _base_name(bsym.sym.name):
+        return False
+    args, kwargs = bsym.args, bsym.kwargs or {}
+    skip = args[4] if len(args) >= 5 else kwargs.get("skip_clone", False)
+    return skip is not False and skip != 0  # unknown (a proxy): assume it does
+
+
 @functools.lru_cache(maxsize=1)
 def _fusible_predicate():
     try:
@@ -117,18 +151,22 @@ def _never_random(pred):
     return lambda bsym: not is_random(bsym) and bool(pred(bsym))
 
 
-def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None):
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None,
+               comm_overlap=True):
     """Run the C trace reader and planner on a list of bound symbols.
 
     freeable: names of prologue tensors the trace frees after their last use
     (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
-    executor.epilogue_pair; trace.c NOTE [epilogue candidates])."""
+    executor.epilogue_pair; trace.c NOTE [epilogue candidates]).
+    comm_overlap: issue collectives early and waits late within the planned
+    peaks (csrc/core/mf_comm.c NOTE [collective overlap])."""
     if epilogue_pair is None:
         from .executor import epilogue_pair
     return _C.plan_trace(
         bsyms,
-        tensor_type=TensorProxy,
+        # futures are sized like tensors (trace.c NOTE [collectives])
+        tensor_type=(TensorProxy, FutureTensorProxy),
         view_names=VIEW_NAMES,
         prologue_ids=PROLOGUE_IDS,
         drop_ids=DROP_IDS,
@@ -139,6 +177,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         fuse=fuse,
         freeable=frozenset(freeable or ()),
         epilogue_pair=epilogue_pair,
+        comm_overlap=comm_overlap,
     )
 
 
@@ -170,4 +209,4 @@ def saved_activations(forward_trace) -> frozenset:
     return frozenset(s.name for s in saved if isinstance(s, TensorProxy) and not is_input(s))
 
 
-__all__ = ["plan_trace", "saved_activations", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+__all__ = ["plan_trace", "saved_activations", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

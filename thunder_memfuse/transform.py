@@ -71,6 +71,11 @@ class MemFuse(Transform):
             executor are taken out of its executor list (NOTE [replacing the fusion
             pass]); elsewhere they are kept.  True: take them out everywhere.
             False: keep them, and plan around their regions.
+        comm_overlap: True (default): in traces with asynchronous collectives (Thunder's
+            DDP and FSDP), issue each collective as early and run each wait as late as
+            the graph allows without raising the planned peak (csrc/core/mf_comm.c
+            NOTE [collective overlap]); the collectives keep Thunder's order.  False:
+            leave them where the memory plan puts them.
 
     The instance holds these options and, between an augmented forward and the
     backward Thunder hands over right after it, the names of the forward's
@@ -80,7 +85,7 @@ class MemFuse(Transform):
     """
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
-                 fuse: bool | str = "auto", replace_fusion: bool | str = "auto"):
+                 fuse: bool | str = "auto", replace_fusion: bool | str = "auto", comm_overlap: bool = True):
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
@@ -95,10 +100,13 @@ class MemFuse(Transform):
         if replace_fusion not in (True, False, "auto"):
             raise ValueError(f"MemFuse: replace_fusion must be True, False or 'auto', got {replace_fusion!r}")
         self.replace_fusion = replace_fusion
+        if not isinstance(comm_overlap, bool):
+            raise ValueError(f"MemFuse: comm_overlap must be True or False, got {comm_overlap!r}")
+        self.comm_overlap = comm_overlap
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, backend={self.backend!r}, "
-                f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r})")
+                f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r}, comm_overlap={self.comm_overlap!r})")
 
     # Thunder's hooks ----------------------------------------------------------------
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
@@ -175,7 +183,8 @@ class MemFuse(Transform):
             freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
         else:  # an inference forward: no backward follows
             self._saved_activations = None
-        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable)
+        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable,
+                                  comm_overlap=self.comm_overlap)
         plan = res["plan"]
         if plan["peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")

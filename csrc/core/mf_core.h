@@ -87,7 +87,18 @@ typedef struct mf_graph_desc {
      * Such a group needs v right after u in the order and u's outputs read
      * by v alone, never graph outputs (NOTE [epilogue pairs], mf_fuse.c). */
     const int32_t *epilogue_of;
+    /* n_ops; may be NULL (no communication).  comm[k] is MF_COMM_ISSUE for
+     * an asynchronous collective (all_reduce, all_gather, ...: it starts the
+     * communication and returns a future), MF_COMM_WAIT for the op that
+     * waits on a future, else MF_COMM_NONE.  Such ops are never fused.  The
+     * caller keeps the collectives in one sequence with `after` edges (every
+     * rank must issue the same one); mf_plan then issues each as early and
+     * waits as late as the graph and a memory bound allow (mf_comm.c NOTE
+     * [collective overlap]). */
+    const uint8_t *comm;
 } mf_graph_desc;
+
+enum { MF_COMM_NONE = 0, MF_COMM_ISSUE = 1, MF_COMM_WAIT = 2 };
 
 /* Validate: ids in range, each value produced by exactly one op or a graph
  * input (not both), sizes >= 0, alias chains acyclic, no cycle through
@@ -115,6 +126,7 @@ typedef struct mf_plan_options {
                           * share of states (mf_sched.c NOTE [DP piece size]);
                           * <= 0 or above the built-in 256: 256.  Tests lower
                           * it to reach the large-piece paths on small graphs. */
+    int no_comm_overlap; /* 1: leave collectives and waits where the plan put them */
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000
@@ -132,6 +144,7 @@ typedef struct mf_plan_result {
     int64_t states;          /* DP states explored (created, over all DP runs) */
     const char *method;      /* static string: "lower-bound", "dp", "greedy", ... */
     int32_t fusion_moves;    /* single-op moves kept for a lower fused peak (mf_fuse.c) */
+    int32_t comm_moves;      /* collectives issued earlier / waits run later (mf_comm.c) */
 } mf_plan_result;
 /* method, in detail: "lower-bound" (optimal, proven without search), "dp"
  * (optimal, proven or found by the DP), "dp-partial" (improved by the DP,
@@ -154,7 +167,10 @@ typedef struct mf_plan_result {
  * order as returned, unfused, and `method` the rung that planned it before
  * the moves.  Always peak_bytes <=
  * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order.  baseline_peak_bytes is the simulated
- * peak of 0..n-1 even when that order is not valid.  Free the result with
+ * peak of 0..n-1 even when that order is not valid.  With g->comm (and not
+ * opt->no_comm_overlap), collectives and waits are then placed for overlap
+ * (mf_comm.c NOTE [collective overlap]; comm_moves > 0 when some moved),
+ * never raising either peak.  Free the result with
  * mf_plan_result_free (also safe on a zeroed result). */
 int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt,
             mf_plan_result *out);

@@ -78,7 +78,7 @@ int mf_build_preds(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32
             aidx[fill[g->after[2 * e + 1]]++] = g->after[2 * e];
     }
     for (pass = 0; pass < 2; pass++) {
-        int32_t cnt = 0;
+        int32_t cnt = 0, prev_issue = -1;
         for (k = 0; k < n; k++)
             stamp[k] = -1;
         for (k = 0; k < n; k++) {
@@ -105,6 +105,11 @@ int mf_build_preds(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32
             }
             for (j = aptr[k]; j < aptr[k + 1]; j++)
                 MF_ADD_PRED(aidx[j]);
+            /* collectives keep their input order (mf_comm.c NOTE [collective overlap]) */
+            if (g->comm && g->comm[k] == MF_COMM_ISSUE) {
+                MF_ADD_PRED(prev_issue);
+                prev_issue = k;
+            }
 #undef MF_ADD_PRED
         }
         if (pass == 0) {
@@ -258,6 +263,11 @@ static int check_body(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g)
         return mf_set_error(ctx, MF_EINVAL, "value_bytes is NULL");
     if (g->n_after > 0 && !g->after)
         return mf_set_error(ctx, MF_EINVAL, "after is NULL");
+    if (g->comm)
+        for (k = 0; k < n; k++)
+            if (g->comm[k] > MF_COMM_WAIT)
+                return mf_set_error(ctx, MF_EINVAL, "op %d: comm kind %d is not none (0), issue (1) or wait (2)",
+                                    (int)k, (int)g->comm[k]);
     if (g->epilogue_of)
         for (k = 0; k < n; k++)
             if (g->epilogue_of[k] < -1 || g->epilogue_of[k] >= n || g->epilogue_of[k] == k)
@@ -490,8 +500,11 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
             lb += pg->sbytes[pg->otouch[j]];
         pg->abytes[k] = ab;
         pg->oplb[k] = lb;
-        pg->fusible[k] = (uint8_t)(g->fusible && g->fusible[k]);
+        /* a collective or a wait is a step of its own (NOTE [collective overlap]) */
+        pg->fusible[k] = (uint8_t)(g->fusible && g->fusible[k] && !(g->comm && g->comm[k]));
         pg->epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
+        if (g->comm && pg->epi[k] >= 0 && (g->comm[k] || g->comm[pg->epi[k]]))
+            pg->epi[k] = -1;
     }
     st = csr_transpose(ctx, a, n, pg->oread_ptr, pg->oread, pg->ns, &pg->sread_ptr, &pg->sread);
     if (st)

@@ -142,4 +142,13 @@ int mf_liu_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *piece_
 int mf_liu_order(mf_ctx *ctx, mf_liu_ws *w, const int32_t *ops, int32_t k, int32_t piece,
                  const int32_t *prev, int32_t *out, int *applied);
 
+/* ---- collective-aware placement (mf_comm.c, NOTE [collective overlap]) ----
+ * On a valid planned schedule (order, group_ptr with n_groups groups, peaks
+ * with and without groups), issue collectives earlier and waits later within
+ * the bound that neither peak rises.  order/group_ptr (same group count) and
+ * the peaks are rewritten when *moves > 0.  comm may be NULL (no-op). */
+int mf_comm_place(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const uint8_t *comm, int32_t *order,
+                  int32_t *group_ptr, int32_t n_groups, int64_t *peak_fused, int64_t *peak_unfused,
+                  int32_t *moves);
+
 #endif /* MF_INTERNAL_H */

@@ -1829,6 +1829,12 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             }
         }
     }
+    /* 9: collectives early, waits late, within the plan's peaks (mf_comm.c) */
+    if (!(opt && opt->no_comm_overlap) &&
+        (st = mf_comm_place(ctx, a, &pg, g->comm, out->order, out->group_ptr, out->n_groups, &out->peak_bytes,
+                            &out->unfused_peak_bytes, &out->comm_moves)))
+        return st;
+    peak = out->unfused_peak_bytes;
     if ((st = mf_pg_simulate(ctx, a, &pg, out->order, out->group_ptr, out->n_groups, &sim_peak, NULL, NULL)))
         return st;
     if (sim_peak != out->peak_bytes || out->peak_bytes > peak)

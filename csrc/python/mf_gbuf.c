@@ -45,6 +45,7 @@ void mf_gbuf_free(mf_gbuf *b)
     PyMem_RawFree(b->is_output);
     PyMem_RawFree(b->after);
     PyMem_RawFree(b->epilogue_of);
+    PyMem_RawFree(b->comm);
     memset(b, 0, sizeof *b);
 }
 
@@ -167,6 +168,21 @@ int mf_gbuf_set_epilogue(mf_gbuf *b, int32_t v, int32_t u)
     return 0;
 }
 
+int mf_gbuf_set_comm(mf_gbuf *b, int32_t op, uint8_t kind)
+{
+    if (b->nomem)
+        return -1;
+    if (!b->comm) {
+        b->comm = (uint8_t *)PyMem_RawCalloc((size_t)b->n_ops + 1, 1);
+        if (!b->comm)
+            return fail(b);
+        b->n_comm = b->n_ops;
+    }
+    if (op >= 0 && op < b->n_comm)
+        b->comm[op] = kind;
+    return 0;
+}
+
 int mf_gbuf_after(mf_gbuf *b, int32_t a, int32_t c)
 {
     if (b->nomem || grow((void **)&b->after, &b->cap_after, 2 * b->n_after + 2, sizeof(int32_t), 0) < 0)
@@ -195,4 +211,5 @@ void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d)
     d->n_after = b->n_after;
     d->after = b->after;
     d->epilogue_of = b->n_epi == b->n_ops ? b->epilogue_of : NULL;
+    d->comm = b->n_comm == b->n_ops ? b->comm : NULL;
 }

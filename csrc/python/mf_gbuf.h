@@ -28,6 +28,8 @@ typedef struct mf_gbuf {
     int32_t n_after, cap_after;
     int32_t *epilogue_of;            /* n_epi entries, -1 or the head op; NULL: none set */
     int32_t n_epi;
+    uint8_t *comm;                   /* n_comm entries (MF_COMM_*); NULL: no collectives */
+    int32_t n_comm;
     int nomem;                       /* sticky: an allocation failed */
 } mf_gbuf;
 
@@ -43,6 +45,9 @@ int mf_gbuf_after(mf_gbuf *b, int32_t a, int32_t c);
 /* Op v may run as the epilogue of op u (mf_core.h epilogue_of).  Call after
  * the last op is added; ops are not range-checked here (mf_graph_check does). */
 int mf_gbuf_set_epilogue(mf_gbuf *b, int32_t v, int32_t u);
+/* Op `op` is a collective or a wait (mf_core.h comm).  Like
+ * mf_gbuf_set_epilogue: call after the last op is added. */
+int mf_gbuf_set_comm(mf_gbuf *b, int32_t op, uint8_t kind);
 void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d);
 
 #endif /* MF_GBUF_H */

@@ -20,7 +20,7 @@ int mf_py_cuda_exec(PyObject *module);    /* cuda_py.c: CUDA loader, codegen, NV
 /* plan.c helpers shared with trace.c */
 void mf_py_ctx_init(mf_ctx *ctx);                      /* core ctx on PyMem_Raw */
 PyObject *mf_py_raise(const mf_ctx *ctx, int status);  /* status -> exception, NULL */
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves,
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
                          int dp_max_ops); /* -> plan dict */
 
 #endif /* MF_PY_H */

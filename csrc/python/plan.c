@@ -202,6 +202,24 @@ static int sink_epilogue(mf_gbuf *b, int32_t v, int32_t u, const char *what)
     return 0;
 }
 
+/* (op, kind): the core's graph check rejects a kind other than 0, 1, 2 */
+static int sink_comm(mf_gbuf *b, int32_t op, int32_t kind, const char *what)
+{
+    if (op >= b->n_ops) {
+        PyErr_Format(PyExc_ValueError, "%s: op %d out of range [0, %d)", what, (int)op, (int)b->n_ops);
+        return -1;
+    }
+    if (kind > 255) {
+        PyErr_Format(PyExc_ValueError, "%s: comm kind %d is not 0 (none), 1 (issue) or 2 (wait)", what, (int)kind);
+        return -1;
+    }
+    if (mf_gbuf_set_comm(b, op, (uint8_t)kind) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 static int sink_after(mf_gbuf *b, int32_t x, int32_t y, const char *what)
 {
     (void)what;
@@ -353,12 +371,13 @@ static PyObject *plan_to_dict(const mf_plan_result *r)
             goto fail;
         PyList_SET_ITEM(groups, g, grp);
     }
-    d = Py_BuildValue("{s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i}", "order", order, "groups", groups,
+    d = Py_BuildValue("{s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i,s:i}", "order", order, "groups", groups,
                       "peak_bytes", (long long)r->peak_bytes, "unfused_peak_bytes",
                       (long long)r->unfused_peak_bytes, "baseline_peak_bytes", (long long)r->baseline_peak_bytes,
                       "lower_bound_bytes", (long long)r->lower_bound_bytes, "optimal",
                       r->optimal ? Py_True : Py_False, "states", (long long)r->states, "method",
-                      r->method ? r->method : "", "fusion_moves", (int)r->fusion_moves);
+                      r->method ? r->method : "", "fusion_moves", (int)r->fusion_moves, "comm_moves",
+                      (int)r->comm_moves);
 fail:
     Py_XDECREF(order);
     Py_XDECREF(groups);
@@ -366,9 +385,11 @@ fail:
 }
 
 /* Run the core planner on a built graph; returns the result dict.
- * fusion_moves: 0 sets mf_plan_options.no_fusion_moves; dp_max_ops:
+ * fusion_moves: 0 sets mf_plan_options.no_fusion_moves, comm_overlap: 0
+ * no_comm_overlap; dp_max_ops:
  * mf_plan_options.dp_max_ops (0: the default; tests lower it). */
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int dp_max_ops)
+PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
+                         int dp_max_ops)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
@@ -384,6 +405,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
     opt.max_states = max_states;
     opt.fuse = fuse;
     opt.no_fusion_moves = !fusion_moves;
+    opt.no_comm_overlap = !comm_overlap;
     opt.dp_max_ops = dp_max_ops;
     Py_BEGIN_ALLOW_THREADS
     st = mf_graph_check(&ctx, &desc);
@@ -403,17 +425,18 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
-                             "fusion_moves", "_dp_max_ops", NULL};
+                             "fusion_moves", "_dp_max_ops", "comm", "comm_overlap", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
-    PyObject *ep = NULL;
+    PyObject *ep = NULL, *cm = NULL;
+    int comm_overlap = 1;
     PyObject *empty = NULL, *out = NULL;
     int fuse = 1, fusion_moves = 1, dp_max_ops = 0;
     long long max_states = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpi:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
-                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &cm, &comm_overlap))
         return NULL;
     if (ms != Py_None) {
         if (PyBool_Check(ms) || !PyLong_Check(ms)) {
@@ -432,8 +455,9 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     mf_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
-                    ep) == 0)
-        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves, dp_max_ops);
+                    ep) == 0 &&
+        (!cm || each_pair(cm, INT32_MAX, "comm", &b, sink_comm) == 0))
+        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
     return out;

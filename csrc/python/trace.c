@@ -3,7 +3,7 @@
  *
  * plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids,
  *            return_ids, effects, fusible, max_states=None, fuse=True,
- *            freeable=None, epilogue_pair=None)
+ *            freeable=None, epilogue_pair=None, comm_overlap=True)
  *
  * Walks the bound symbols of a trace through the C API (bsym.sym.id,
  * bsym.sym.name, bsym.flat_proxy_args, bsym.flat_proxy_outs, proxy.name,
@@ -29,6 +29,19 @@
  *  - effects(bsym) & MF_EFF_WRITES (copy_ and other in-place writes): the op
  *    runs after every earlier reader of the storage of each tensor argument,
  *    and before every later reader of it (write-after-read, read-after-write).
+ *
+ * NOTE [collectives]  effects(bsym) & MF_EFF_COMM marks an asynchronous
+ * collective, & MF_EFF_WAIT the wait on its future.  Neither joins the chain
+ * above: the core keeps the collectives in their trace order by itself and
+ * places them and their waits for overlap (mf_comm.c NOTE [collective
+ * overlap]); a wait depends on its future only.  A collective that may write
+ * its argument in place (an all_reduce with skip_clone) also carries
+ * MF_EFF_WRITES, whose edges then apply (without the chain).  Futures are
+ * sized like tensors (tensor_type includes the future proxy type): the
+ * collective allocates its result when issued (Thunder's torch executor
+ * clones or allocates the output then), and a wait's result is its future's
+ * tensor, so it is an alias of the future, like a view.  Both ops are never
+ * fused.
  *
  * NOTE [sizes]  bytes = ceil(numel * dtype.bytes) for tensor proxies (dtype
  * bytes may be fractional, e.g. fp4), 0 for other proxies.  A symbolic
@@ -62,6 +75,8 @@
 
 #define MF_EFF_ORDERED 1
 #define MF_EFF_WRITES 2
+#define MF_EFF_COMM 4
+#define MF_EFF_WAIT 8
 
 typedef struct {
     PyObject *tensor_type, *view_names, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
@@ -80,6 +95,9 @@ typedef struct {
     int32_t *rd_op, *rd_next; /* reader entries */
     int32_t n_rd, cap_rd;
     int32_t prev_ordered;
+    uint8_t *comm;      /* op -> MF_COMM_* (grows with ops) */
+    int32_t cap_comm;
+    int any_comm;
 } walk_t;
 
 static int walk_grow_values(walk_t *w, int32_t need)
@@ -139,6 +157,7 @@ static void walk_free(walk_t *w)
     PyMem_RawFree(w->head);
     PyMem_RawFree(w->rd_op);
     PyMem_RawFree(w->rd_next);
+    PyMem_RawFree(w->comm);
 }
 
 /* Bytes of a proxy (see NOTE [sizes]); -1 with an exception on failure. */
@@ -305,6 +324,8 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     if ((fus = PyObject_IsTrue(r)) < 0)
         goto done;
     Py_CLEAR(r);
+    if (flags & (MF_EFF_COMM | MF_EFF_WAIT)) /* NOTE [collectives] */
+        fus = 0;
     if (!(symname = PyObject_GetAttrString(sym, "name")))
         goto done;
     if ((is_view = contains(c->view_names, symname)) < 0)
@@ -387,7 +408,7 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         Py_DECREF(name);
         if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
             goto done;
-        v = new_value(w, c, p, (is_view && is_t) ? first_tensor : -1);
+        v = new_value(w, c, p, ((is_view || (flags & MF_EFF_WAIT)) && is_t) ? first_tensor : -1);
         if (v < 0)
             goto done;
         if (mf_gbuf_op_out(&w->g, v) < 0)
@@ -395,7 +416,21 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     }
     if (mf_gbuf_end_op(&w->g) < 0)
         goto nomem;
-    if (flags & (MF_EFF_ORDERED | MF_EFF_WRITES)) {
+    if (flags & (MF_EFF_COMM | MF_EFF_WAIT)) {
+        if (op >= w->cap_comm) {
+            int32_t nc = w->cap_comm ? w->cap_comm * 2 : 64;
+            uint8_t *cm;
+            while (nc <= op)
+                nc *= 2;
+            if (!(cm = PyMem_RawRealloc(w->comm, (size_t)nc)))
+                goto nomem;
+            memset(cm + w->cap_comm, 0, (size_t)(nc - w->cap_comm));
+            w->comm = cm;
+            w->cap_comm = nc;
+        }
+        w->comm[op] = (flags & MF_EFF_COMM) ? MF_COMM_ISSUE : MF_COMM_WAIT;
+        w->any_comm = 1;
+    } else if (flags & (MF_EFF_ORDERED | MF_EFF_WRITES)) {
         if (w->prev_ordered >= 0 && mf_gbuf_after(&w->g, w->prev_ordered, op) < 0)
             goto nomem;
         w->prev_ordered = op;
@@ -468,9 +503,10 @@ done:
 static PyObject *graph_dict(const mf_gbuf *g)
 {
     PyObject *ops = PyList_New(g->n_ops), *vb = PyList_New(g->n_values), *gi = PyList_New(0), *go = PyList_New(0),
-             *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *d = NULL;
+             *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *cm = PyList_New(0),
+             *d = NULL;
     int32_t i, k;
-    if (!ops || !vb || !gi || !go || !al || !fu || !af)
+    if (!ops || !vb || !gi || !go || !al || !fu || !af || !cm)
         goto done;
     for (i = 0; i < g->n_ops; i++) {
         PyObject *ins = PyList_New(g->in_ptr[i + 1] - g->in_ptr[i]), *outs, *t;
@@ -491,6 +527,14 @@ static PyObject *graph_dict(const mf_gbuf *g)
             goto done;
         PyList_SET_ITEM(ops, i, t);
         PyList_SET_ITEM(fu, i, PyBool_FromLong(g->fusible[i]));
+        if (g->comm && g->n_comm == g->n_ops && g->comm[i]) { /* [op, MF_COMM_*] */
+            PyObject *x = Py_BuildValue("(ii)", (int)i, (int)g->comm[i]);
+            if (!x || PyList_Append(cm, x) < 0) {
+                Py_XDECREF(x);
+                goto done;
+            }
+            Py_DECREF(x);
+        }
     }
     for (i = 0; i < g->n_values; i++) {
         PyObject *x;
@@ -515,8 +559,8 @@ static PyObject *graph_dict(const mf_gbuf *g)
     }
     if (PyErr_Occurred())
         goto done;
-    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
-                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af);
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
+                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af, "comm", cm);
 done:
     Py_XDECREF(ops);
     Py_XDECREF(vb);
@@ -525,6 +569,7 @@ done:
     Py_XDECREF(al);
     Py_XDECREF(fu);
     Py_XDECREF(af);
+    Py_XDECREF(cm);
     return d;
 }
 
@@ -532,13 +577,13 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
                              "effects",    "fusible",     "max_states", "fuse",         "freeable",
-                             "epilogue_pair", NULL};
+                             "epilogue_pair", "comm_overlap", NULL};
     cfg_t c;
     PyObject *freeable = NULL;
     int virtual_open = 0;
     PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
     PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
-    int fuse = 1, seen_op = 0;
+    int fuse = 1, seen_op = 0, comm_overlap = 1;
     long long max_states = 0;
     walk_t w;
     Py_ssize_t i, n;
@@ -546,9 +591,9 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 
     memset(&w, 0, sizeof w);
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOO:plan_trace", kwlist, &bsyms, &c.tensor_type,
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOOp:plan_trace", kwlist, &bsyms, &c.tensor_type,
                                      &c.view_names, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
-                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair))
+                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair, &comm_overlap))
         return NULL;
     if (!c.tensor_type || !c.view_names || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
         !c.fusible) {
@@ -718,9 +763,17 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         PyErr_NoMemory();
         goto done;
     }
+    if (w.any_comm) {
+        int32_t k;
+        for (k = 0; k < w.g.n_ops && k < w.cap_comm; k++)
+            if (w.comm[k] && mf_gbuf_set_comm(&w.g, k, w.comm[k]) < 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
+    }
     if (fuse && c.epilogue_pair && c.epilogue_pair != Py_None && find_epilogues(&w, &c, ops_list) < 0)
         goto done;
-    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, 0)))
+    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, comm_overlap, 0)))
         goto done;
     /* regroup: groups[k] = the bound symbols of the k-th planned group */
     order = PyDict_GetItemString(plan, "order");
@@ -774,7 +827,7 @@ done:
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, fusible, "
-     "max_states=None, fuse=True, freeable=None, epilogue_pair=None) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
+     "max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -782,7 +835,9 @@ int mf_py_trace_exec(PyObject *module)
 {
     if (PyModule_AddFunctions(module, trace_methods) < 0)
         return -1;
-    if (PyModule_AddIntConstant(module, "EFF_ORDERED", MF_EFF_ORDERED) < 0)
+    if (PyModule_AddIntConstant(module, "EFF_ORDERED", MF_EFF_ORDERED) < 0 ||
+        PyModule_AddIntConstant(module, "EFF_COMM", MF_EFF_COMM) < 0 ||
+        PyModule_AddIntConstant(module, "EFF_WAIT", MF_EFF_WAIT) < 0)
         return -1;
     return PyModule_AddIntConstant(module, "EFF_WRITES", MF_EFF_WRITES);
 }

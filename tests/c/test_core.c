@@ -2037,6 +2037,8 @@ static void test_large(int full)
     }
 }
 
+int mf_test_comm(int *checks); /* test_comm.c */
+
 int main(int argc, char **argv)
 {
     int full = argc > 1 && !strcmp(argv[1], "--full");
@@ -2053,6 +2055,7 @@ int main(int argc, char **argv)
     test_large_pieces();
     test_alloc_failures();
     test_large(full);
+    g_failures += mf_test_comm(&g_checks);
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }
