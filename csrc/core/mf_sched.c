@@ -55,36 +55,6 @@
 #define MF_WIN_ITERS 64
 
 /* ------------------------------------------------------------------ */
-/* growable scratch                                                     */
-
-/* Make *p hold at least need elements of size elem; keep contents when
- * keep is set.  Capacity doubles. */
-static int grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int keep)
-{
-    size_t nc;
-    void *q;
-    if (need <= *cap && *p)
-        return MF_OK;
-    nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > ((size_t)-1 / 2) / elem)
-            return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
-        nc *= 2;
-    }
-    if (nc > (size_t)-1 / elem)
-        return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
-    q = mf_alloc(ctx, nc * elem);
-    if (!q)
-        return MF_ENOMEM;
-    if (keep && *p && *cap)
-        memcpy(q, *p, *cap * elem);
-    mf_free(ctx, *p);
-    *p = q;
-    *cap = nc;
-    return MF_OK;
-}
-
-/* ------------------------------------------------------------------ */
 /* indexed binary heap of ops keyed by (k1, k2, op id)                   */
 
 typedef struct iheap {
@@ -661,6 +631,8 @@ typedef struct seg_ws {
     size_t c_heap;
     lb_key *sortk;
     size_t c_sortk;
+    int64_t mem_limit; /* NOTE [DP memory budget] */
+    int over_budget;   /* sticky: a run stopped at mem_limit */
 } seg_ws;
 
 static void seg_ws_free(mf_ctx *ctx, seg_ws *w)
@@ -720,7 +692,7 @@ static int hless(const hentry *x, const hentry *y)
 static int heap_push(mf_ctx *ctx, seg_ws *w, size_t *hn, hentry e)
 {
     size_t i;
-    int st = grow(ctx, (void **)&w->heap, &w->c_heap, *hn + 1, sizeof(hentry), 1);
+    int st = mf_grow(ctx, (void **)&w->heap, &w->c_heap, *hn + 1, sizeof(hentry), 1);
     if (st)
         return st;
     i = (*hn)++;
@@ -761,15 +733,15 @@ static hentry heap_pop(seg_ws *w, size_t *hn)
 static int states_reserve(mf_ctx *ctx, seg_ws *w, size_t need, int32_t W)
 {
     int st;
-    if ((st = grow(ctx, (void **)&w->bits, &w->c_bits, need * (size_t)W, sizeof(uint64_t), 1)) ||
-        (st = grow(ctx, (void **)&w->hash, &w->c_hash, need, sizeof(uint64_t), 1)) ||
-        (st = grow(ctx, (void **)&w->g, &w->c_g, need, sizeof(int64_t), 1)) ||
-        (st = grow(ctx, (void **)&w->live, &w->c_live, need, sizeof(int64_t), 1)) ||
-        (st = grow(ctx, (void **)&w->fval, &w->c_fval, need, sizeof(int64_t), 1)) ||
-        (st = grow(ctx, (void **)&w->parent, &w->c_parent, need, sizeof(int32_t), 1)) ||
-        (st = grow(ctx, (void **)&w->last, &w->c_last, need, sizeof(int32_t), 1)) ||
-        (st = grow(ctx, (void **)&w->depth, &w->c_depth, need, sizeof(int32_t), 1)) ||
-        (st = grow(ctx, (void **)&w->closed, &w->c_closed, need, 1, 1)))
+    if ((st = mf_grow(ctx, (void **)&w->bits, &w->c_bits, need * (size_t)W, sizeof(uint64_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->hash, &w->c_hash, need, sizeof(uint64_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->g, &w->c_g, need, sizeof(int64_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->live, &w->c_live, need, sizeof(int64_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->fval, &w->c_fval, need, sizeof(int64_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->parent, &w->c_parent, need, sizeof(int32_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->last, &w->c_last, need, sizeof(int32_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->depth, &w->c_depth, need, sizeof(int32_t), 1)) ||
+        (st = mf_grow(ctx, (void **)&w->closed, &w->c_closed, need, 1, 1)))
         return st;
     return MF_OK;
 }
@@ -816,17 +788,17 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
     seg_ws *w = P->sw;
     int32_t k = b - a, W = (k + 63) / 64, i, j, nls = 0, nt = 0, ne;
     int st;
-    if ((st = grow(ctx, (void **)&w->ops, &w->c_ops, (size_t)k, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lborder, &w->c_lborder, (size_t)k, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->path, &w->c_path, (size_t)k, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->tptr, &w->c_tptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->pmask, &w->c_pmask, (size_t)k * (size_t)W, sizeof(uint64_t), 0)) ||
-        (st = grow(ctx, (void **)&w->tbits, &w->c_tbits, (size_t)W, sizeof(uint64_t), 0)) ||
-        (st = grow(ctx, (void **)&w->ab, &w->c_ab, (size_t)k, sizeof(int64_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lsptr, &w->c_lsptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->run, &w->c_run, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->rbits, &w->c_rbits, (size_t)W, sizeof(uint64_t), 0)))
+    if ((st = mf_grow(ctx, (void **)&w->ops, &w->c_ops, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lborder, &w->c_lborder, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->path, &w->c_path, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->tptr, &w->c_tptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->pmask, &w->c_pmask, (size_t)k * (size_t)W, sizeof(uint64_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->tbits, &w->c_tbits, (size_t)W, sizeof(uint64_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->ab, &w->c_ab, (size_t)k, sizeof(int64_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lsptr, &w->c_lsptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->run, &w->c_run, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->rbits, &w->c_rbits, (size_t)W, sizeof(uint64_t), 0)))
         return st;
     for (i = 0; i < k; i++) {
         int32_t v = P->cur[a + i];
@@ -853,7 +825,7 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
             if (w->lmap[pg->succ[j]] >= 0)
                 ne++;
     }
-    if ((st = grow(ctx, (void **)&w->lsucc, &w->c_lsucc, (size_t)ne + 1, sizeof(int32_t), 0)))
+    if ((st = mf_grow(ctx, (void **)&w->lsucc, &w->c_lsucc, (size_t)ne + 1, sizeof(int32_t), 0)))
         return st;
     ne = 0;
     for (i = 0; i < k; i++) {
@@ -864,11 +836,11 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
                 w->lsucc[ne++] = w->lmap[pg->succ[j]];
     }
     w->lsptr[k] = ne;
-    if ((st = grow(ctx, (void **)&w->tidx, &w->c_tidx, (size_t)nt + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lsalloc, &w->c_lsalloc, (size_t)nt + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lsb, &w->c_lsb, (size_t)nt + 1, sizeof(int64_t), 0)) ||
-        (st = grow(ctx, (void **)&w->lsnever, &w->c_lsnever, (size_t)nt + 1, 1, 0)) ||
-        (st = grow(ctx, (void **)&w->lsrd, &w->c_lsrd, ((size_t)nt + 1) * (size_t)W, sizeof(uint64_t), 0)))
+    if ((st = mf_grow(ctx, (void **)&w->tidx, &w->c_tidx, (size_t)nt + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lsalloc, &w->c_lsalloc, (size_t)nt + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lsb, &w->c_lsb, (size_t)nt + 1, sizeof(int64_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lsnever, &w->c_lsnever, (size_t)nt + 1, 1, 0)) ||
+        (st = mf_grow(ctx, (void **)&w->lsrd, &w->c_lsrd, ((size_t)nt + 1) * (size_t)W, sizeof(uint64_t), 0)))
         return st;
     nt = 0;
     for (i = 0; i < k; i++) {
@@ -898,9 +870,9 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
     }
     w->tptr[k] = nt;
     /* NOTE [piece DP], glue: deferrable ops and the op they are glued to */
-    if ((st = grow(ctx, (void **)&w->gptr, &w->c_gptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->gidx, &w->c_gidx, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = grow(ctx, (void **)&w->glued, &w->c_glued, (size_t)k + 1, 1, 0)))
+    if ((st = mf_grow(ctx, (void **)&w->gptr, &w->c_gptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->gidx, &w->c_gidx, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = mf_grow(ctx, (void **)&w->glued, &w->c_glued, (size_t)k + 1, 1, 0)))
         return st;
     for (i = 0; i < k; i++) {
         int32_t q, z;
@@ -941,7 +913,7 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
         }
     /* ops by lower bound, descending, ties by local index (O(k log k):
      * large pieces reach the DP, NOTE [DP piece size]) */
-    if ((st = grow(ctx, (void **)&w->sortk, &w->c_sortk, (size_t)k * 2, sizeof(lb_key), 0)))
+    if ((st = mf_grow(ctx, (void **)&w->sortk, &w->c_sortk, (size_t)k * 2, sizeof(lb_key), 0)))
         return st;
     for (i = 0; i < k; i++) {
         w->sortk[i].lb = w->lbv[i];
@@ -1123,9 +1095,33 @@ static int32_t find_free(seg_ws *w, const uint64_t *S, int64_t live, int64_t lim
 
 typedef struct seg_search {
     int32_t k, W, nst;
-    size_t hn, tmask;
+    size_t hn, tmask, pops;
     int capped;
 } seg_search;
+
+/* NOTE [DP memory budget]
+ * The DP's tables (state bitsets and fields, hash table, heap, path pool)
+ * grow with the states it creates, whatever max_states allows.  Before a
+ * step that would grow them, the footprint they would have after it is
+ * computed (mf_grow's doubling, the table's rehash); past mem_limit the run
+ * stops as if capped (not proven) and no later DP or window runs in this
+ * plan.  The per-piece scratch (O(k^2 / 64) words) is not counted; neither
+ * is the old copy an array briefly keeps while it doubles. */
+static int dp_over(seg_ws *w, const seg_search *X, int new_state, int32_t m)
+{
+    size_t ns = (size_t)X->nst + (new_state ? 1 : 0), tab = w->c_tab;
+    double b;
+    if (new_state && ns * 2 > tab)
+        tab *= 2;
+    b = (double)mf_grow_cap(w->c_bits, ns * (size_t)X->W, 8) * 8.0 + (double)tab * 4.0 +
+        (double)mf_grow_cap(w->c_g, ns, 8) * (8.0 * 4 + 4.0 * 3 + 1.0) +
+        (double)mf_grow_cap(w->c_heap, X->hn + 1, sizeof(hentry)) * (double)sizeof(hentry) +
+        (double)mf_grow_cap(w->c_pool, m > 1 ? w->n_pool + (size_t)m + 1 : 0, 4) * 4.0;
+    if (b <= (double)w->mem_limit)
+        return 0;
+    w->over_budget = 1;
+    return 1;
+}
 
 /* Reach state T (bitset) from state s by the ops run[0..m): insert it, or
  * lower its f; push it on the heap.  Sets X->capped when a new state would
@@ -1157,8 +1153,12 @@ static int seg_relax(plan_st *P, seg_job *J, seg_search *X, int32_t s, const uin
     if (t >= 0) {
         if (w->closed[t] || f2 >= w->fval[t])
             return MF_OK;
+        if (dp_over(w, X, 0, m)) {
+            X->capped = 1;
+            return MF_OK;
+        }
     } else {
-        if (X->nst >= J->cap) {
+        if (X->nst >= J->cap || dp_over(w, X, 1, m)) {
             X->capped = 1;
             return MF_OK;
         }
@@ -1181,7 +1181,7 @@ static int seg_relax(plan_st *P, seg_job *J, seg_search *X, int32_t s, const uin
     } else {
         if (w->n_pool + (size_t)m + 1 > (size_t)INT32_MAX)
             return mf_set_error(ctx, MF_ENOMEM, "out of memory (DP path pool)");
-        if ((st = grow(ctx, (void **)&w->pool, &w->c_pool, w->n_pool + (size_t)m + 1, sizeof(int32_t), 1)))
+        if ((st = mf_grow(ctx, (void **)&w->pool, &w->c_pool, w->n_pool + (size_t)m + 1, sizeof(int32_t), 1)))
             return st;
         w->last[t] = -1 - (int32_t)w->n_pool;
         w->pool[w->n_pool++] = m;
@@ -1211,6 +1211,8 @@ static int seg_solve(plan_st *P, seg_job *J)
     J->outcome = SEG_NO_BETTER;
     J->states = 0;
     J->bound = J->F;
+    if ((st = mf_poll(ctx)))
+        return st;
     if (k <= 1)
         return MF_OK;
     st = seg_setup(P, J->a, J->b, &W);
@@ -1252,6 +1254,8 @@ static int seg_solve(plan_st *P, seg_job *J)
     while (X.hn > 0) {
         int32_t s, v, m;
         int64_t lim, live2, maxc;
+        if ((++X.pops & 63) == 0 && (st = mf_poll(ctx))) /* NOTE [cancel] */
+            goto out;
         e = heap_pop(w, &X.hn);
         s = e.idx;
         if (w->closed[s] || e.f != w->fval[s])
@@ -1395,7 +1399,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
     heur_ws hw;
     plan_st P;
     int32_t n = g->n_ops, i, k, h, best_h = -1, np = 0;
-    int32_t *ident, *scratch, *hord[N_HEUR], *piece_of, *poff, *pfill, *cand;
+    int32_t *scratch, *hord[N_HEUR], *piece_of, *poff, *pfill, *cand;
     int64_t hpeak[N_HEUR], LB = 0, U, F, budget, win_budget, states = 0, peak, sim_peak;
     int64_t max_states = (opt && opt->max_states > 0) ? opt->max_states : MF_DEFAULT_MAX_STATES;
     /* NOTE [state budget]
@@ -1420,49 +1424,40 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
     int32_t small = (opt && opt->dp_max_ops > 0 && opt->dp_max_ops < MF_DP_MAX_OPS) ? opt->dp_max_ops
                                                                                       : MF_DP_MAX_OPS;
     int32_t wlen0 = MF_WIN_LEN < small / 4 ? MF_WIN_LEN : (small / 4 > 2 ? small / 4 : 2), wlen;
-    int fuse = opt ? opt->fuse : 1, input_valid, improved = 0, mixed = 0, liu_kept = 0;
+    int fuse = opt ? opt->fuse : 1, improved = 0, mixed = 0, liu_kept = 0;
     int st;
 
     memset(&P, 0, sizeof P);
     P.sw = sw;
+    sw->mem_limit = (opt && opt->max_dp_bytes > 0) ? opt->max_dp_bytes : MF_DEFAULT_DP_BYTES;
     st = mf_pg_build(ctx, a, g, &pg);
     if (st)
         return st;
     if ((st = mf_tracker_init(ctx, a, &pg, &tr)) || (st = heur_ws_init(ctx, a, &pg, &hw)))
         return st;
-    ident = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
     scratch = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-    if (!ident || !scratch)
+    for (h = 0; h < N_HEUR; h++)
+        if (!(hord[h] = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t))))
+            return MF_ENOMEM;
+    if (!scratch)
         return MF_ENOMEM;
-    for (i = 0; i < n; i++)
-        ident[i] = i;
 
-    /* 1-2: baseline, lower bound */
-    st = mf_pg_simulate(ctx, a, &pg, ident, NULL, n, &out->baseline_peak_bytes, NULL, NULL);
-    if (st)
+    /* 1-2: baseline (NOTE [baseline order], mf_order.c: valid, the input
+     * order itself when that is valid), lower bound */
+    if ((st = mf_baseline_order(ctx, a, &pg, hord[0])) ||
+        (st = mf_pg_simulate(ctx, a, &pg, hord[0], NULL, n, &out->baseline_peak_bytes, NULL, NULL)))
         return st;
-    input_valid = mf_pg_order_valid(&pg, ident, scratch);
     LB = pg.outbytes;
     for (k = 0; k < n; k++)
         if (pg.oplb[k] > LB)
             LB = pg.oplb[k];
     out->lower_bound_bytes = LB;
 
-    /* 3: heuristics */
-    for (h = 0; h < N_HEUR; h++) {
-        hord[h] = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-        if (!hord[h])
-            return MF_ENOMEM;
-    }
-    memcpy(hord[0], ident, sizeof(int32_t) * (size_t)n);
+    /* 3: heuristics (the baseline order is the first) */
     greedy_order(&pg, &hw, 0, hord[1]);
     greedy_order(&pg, &hw, 1, hord[2]);
     dfs_order(&pg, &hw, hord[3]);
     for (h = 0; h < N_HEUR; h++) {
-        if (h == 0 && !input_valid) {
-            hpeak[h] = INT64_MAX;
-            continue;
-        }
         hpeak[h] = mf_tracker_peak(&tr, hord[h], n);
         if (best_h < 0 || hpeak[h] < hpeak[best_h])
             best_h = h;
@@ -1648,7 +1643,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             /* the first piece left unproven has the highest peak among the
              * rest: no later piece can lower the plan's peak below it */
             pcap = piece_cap(run_cap, poff[p + 1] - poff[p], small);
-            if (pcap <= 0 || budget <= 0)
+            if (pcap <= 0 || budget <= 0 || sw->over_budget)
                 break;
             memset(&J, 0, sizeof J);
             J.a = poff[p];
@@ -1688,7 +1683,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         if (win_budget < win_cap && budget >= win_cap)
             win_budget = win_cap;
         wlen = wlen0;
-        for (i = 0; i < MF_WIN_ITERS && win_budget > 0; i++) {
+        for (i = 0; i < MF_WIN_ITERS && win_budget > 0 && !sw->over_budget; i++) {
             int32_t pp = 0, j, p, wa, wb, big;
             int64_t pk = -1, floor_ = F;
             seg_job J;
@@ -1768,12 +1763,12 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
      * [normalized candidates]); they stay as the interface's guarantee.  The
      * tests build with MF_STRICT_CHECKS, which turns them into errors. */
 #ifdef MF_STRICT_CHECKS
-    if ((input_valid && out->baseline_peak_bytes < peak) || U < peak)
+    if (out->baseline_peak_bytes < peak || U < peak)
         return mf_set_error(ctx, MF_EINTERNAL, "plan peak %lld above the input (%lld) or heuristic (%lld) order",
                             (long long)peak, (long long)out->baseline_peak_bytes, (long long)U);
 #endif
-    if (input_valid && out->baseline_peak_bytes < peak) {
-        memcpy(out->order, ident, sizeof(int32_t) * (size_t)n);
+    if (out->baseline_peak_bytes < peak) {
+        memcpy(out->order, hord[0], sizeof(int32_t) * (size_t)n);
         peak = out->baseline_peak_bytes;
         out->method = "input";
     }
