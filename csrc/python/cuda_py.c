@@ -124,15 +124,15 @@ static PyObject *py_set_dirs(PyObject *self, PyObject *arg)
     Py_ssize_t n, i;
     char err[ERRLEN];
     (void)self;
-    seq = PySequence_Fast(arg, "cuda_set_search_dirs expects a sequence of str");
+    seq = mf_py_tuple(arg, "cuda_set_search_dirs: dirs");
     if (!seq)
         goto error;
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     dirs = calloc_items(n, sizeof(char *));
     if (!dirs)
         goto error;
     for (i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
         dirs[i] = PyUnicode_AsUTF8(item);
         if (!dirs[i])
             goto error;
@@ -332,20 +332,20 @@ static int parse_region(PyObject *obj, parsed_region *p)
     if (!PyArg_ParseTuple(obj, "OOOipp;region must be (inputs, instrs, outputs, ndim, index64, contiguous)",
                           &in_obj, &instr_obj, &out_obj, &ndim, &index64, &contiguous))
         goto error;
-    ins = PySequence_Fast(in_obj, "region inputs must be a sequence");
-    instrs = PySequence_Fast(instr_obj, "region instrs must be a sequence");
-    outs = PySequence_Fast(out_obj, "region outputs must be a sequence");
+    ins = mf_py_tuple(in_obj, "region inputs");
+    instrs = mf_py_tuple(instr_obj, "region instrs");
+    outs = mf_py_tuple(out_obj, "region outputs");
     if (!ins || !instrs || !outs)
         goto error;
 
-    n = PySequence_Fast_GET_SIZE(ins);
+    n = PyTuple_GET_SIZE(ins);
     p->inputs = calloc_items(n, sizeof *p->inputs);
     if (!p->inputs)
         goto error;
     for (i = 0; i < n; i++) {
         PyObject *kind, *dt;
         const char *k;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ins, i), "OO;input must be (kind, dtype)", &kind, &dt))
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(ins, i), "OO;input must be (kind, dtype)", &kind, &dt))
             goto error;
         k = PyUnicode_AsUTF8(kind);
         if (!k)
@@ -361,7 +361,7 @@ static int parse_region(PyObject *obj, parsed_region *p)
     }
     p->r.n_inputs = (int)n;
 
-    n = PySequence_Fast_GET_SIZE(instrs);
+    n = PyTuple_GET_SIZE(instrs);
     p->instrs = calloc_items(n, sizeof *p->instrs);
     if (!p->instrs)
         goto error;
@@ -369,7 +369,7 @@ static int parse_region(PyObject *obj, parsed_region *p)
         PyObject *opname, *dt, *cval = NULL;
         const char *name;
         mf_codegen_instr *in = &p->instrs[i];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(instrs, i), "OOO|O;instr must be (op, args, dtype[, const])",
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(instrs, i), "OOO|O;instr must be (op, args, dtype[, const])",
                               &opname, &item, &dt, &cval))
             goto error;
         name = PyUnicode_AsUTF8(opname);
@@ -383,16 +383,16 @@ static int parse_region(PyObject *obj, parsed_region *p)
         in->dtype = dtype_arg(dt, "instr", i);
         if (in->dtype < 0)
             goto error;
-        args = PySequence_Fast(item, "instr args must be a sequence");
+        args = mf_py_tuple(item, "instr args");
         if (!args)
             goto error;
-        if (PySequence_Fast_GET_SIZE(args) > MF_CODEGEN_MAX_ARGS) {
+        if (PyTuple_GET_SIZE(args) > MF_CODEGEN_MAX_ARGS) {
             PyErr_Format(PyExc_ValueError, "instr %zd: too many arguments", i);
             goto error;
         }
-        in->nargs = (int)PySequence_Fast_GET_SIZE(args);
+        in->nargs = (int)PyTuple_GET_SIZE(args);
         for (j = 0; j < in->nargs; j++) {
-            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(args, j));
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(args, j));
             if (v == -1 && PyErr_Occurred())
                 goto error;
             in->args[j] = (int32_t)v;
@@ -422,13 +422,13 @@ static int parse_region(PyObject *obj, parsed_region *p)
     }
     p->r.n_instrs = (int)n;
 
-    n = PySequence_Fast_GET_SIZE(outs);
+    n = PyTuple_GET_SIZE(outs);
     p->outputs = calloc_items(n, sizeof *p->outputs);
     if (!p->outputs)
         goto error;
     for (i = 0; i < n; i++) {
         int value, guarded;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(outs, i), "ip;output must be (value, guarded)",
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(outs, i), "ip;output must be (value, guarded)",
                               &value, &guarded))
             goto error;
         p->outputs[i].value = value;
