@@ -2071,6 +2071,8 @@ static void test_large(int full)
     }
 }
 
+int test_harden(int *checks); /* test_harden.c */
+
 int main(int argc, char **argv)
 {
     int full = argc > 1 && !strcmp(argv[1], "--full");
@@ -2087,6 +2089,7 @@ int main(int argc, char **argv)
     test_large_pieces();
     test_alloc_failures();
     test_large(full);
+    g_failures += test_harden(&g_checks);
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }
