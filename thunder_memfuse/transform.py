@@ -57,7 +57,9 @@ class MemFuse(Transform):
     """Memory-aware reordering and fusion of Thunder traces.
 
     Args:
-        max_states: cap on the exact DP's states (None: the core's default).
+        max_states: cap on the exact DP's states: None (the core's default) or an int in
+            [1, 2**63 - 1], checked exactly as plan() checks it.  The DP also stops at a
+            memory budget, whatever the cap.
         strict: raise MemFuseError instead of warning and returning the trace unchanged.
         backend: "auto" (CUDA kernels for CUDA tensors, the CPU fallback otherwise),
             "cuda" (CUDA kernels; the fallback only where a kernel cannot be built),
