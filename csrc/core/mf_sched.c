@@ -55,6 +55,14 @@
 #define MF_WIN_ITERS 64
 
 /* ------------------------------------------------------------------ */
+/* growable scratch (mf_ctx.c)                                          */
+
+static int grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int keep)
+{
+    return mf_grow(ctx, p, cap, need, elem, keep);
+}
+
+/* ------------------------------------------------------------------ */
 /* indexed binary heap of ops keyed by (k1, k2, op id)                   */
 
 typedef struct iheap {
@@ -692,7 +700,7 @@ static int hless(const hentry *x, const hentry *y)
 static int heap_push(mf_ctx *ctx, seg_ws *w, size_t *hn, hentry e)
 {
     size_t i;
-    int st = mf_grow(ctx, (void **)&w->heap, &w->c_heap, *hn + 1, sizeof(hentry), 1);
+    int st = grow(ctx, (void **)&w->heap, &w->c_heap, *hn + 1, sizeof(hentry), 1);
     if (st)
         return st;
     i = (*hn)++;
@@ -733,15 +741,15 @@ static hentry heap_pop(seg_ws *w, size_t *hn)
 static int states_reserve(mf_ctx *ctx, seg_ws *w, size_t need, int32_t W)
 {
     int st;
-    if ((st = mf_grow(ctx, (void **)&w->bits, &w->c_bits, need * (size_t)W, sizeof(uint64_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->hash, &w->c_hash, need, sizeof(uint64_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->g, &w->c_g, need, sizeof(int64_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->live, &w->c_live, need, sizeof(int64_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->fval, &w->c_fval, need, sizeof(int64_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->parent, &w->c_parent, need, sizeof(int32_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->last, &w->c_last, need, sizeof(int32_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->depth, &w->c_depth, need, sizeof(int32_t), 1)) ||
-        (st = mf_grow(ctx, (void **)&w->closed, &w->c_closed, need, 1, 1)))
+    if ((st = grow(ctx, (void **)&w->bits, &w->c_bits, need * (size_t)W, sizeof(uint64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->hash, &w->c_hash, need, sizeof(uint64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->g, &w->c_g, need, sizeof(int64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->live, &w->c_live, need, sizeof(int64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->fval, &w->c_fval, need, sizeof(int64_t), 1)) ||
+        (st = grow(ctx, (void **)&w->parent, &w->c_parent, need, sizeof(int32_t), 1)) ||
+        (st = grow(ctx, (void **)&w->last, &w->c_last, need, sizeof(int32_t), 1)) ||
+        (st = grow(ctx, (void **)&w->depth, &w->c_depth, need, sizeof(int32_t), 1)) ||
+        (st = grow(ctx, (void **)&w->closed, &w->c_closed, need, 1, 1)))
         return st;
     return MF_OK;
 }
@@ -788,17 +796,17 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
     seg_ws *w = P->sw;
     int32_t k = b - a, W = (k + 63) / 64, i, j, nls = 0, nt = 0, ne;
     int st;
-    if ((st = mf_grow(ctx, (void **)&w->ops, &w->c_ops, (size_t)k, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lborder, &w->c_lborder, (size_t)k, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->path, &w->c_path, (size_t)k, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->tptr, &w->c_tptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->pmask, &w->c_pmask, (size_t)k * (size_t)W, sizeof(uint64_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->tbits, &w->c_tbits, (size_t)W, sizeof(uint64_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->ab, &w->c_ab, (size_t)k, sizeof(int64_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lsptr, &w->c_lsptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->run, &w->c_run, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->rbits, &w->c_rbits, (size_t)W, sizeof(uint64_t), 0)))
+    if ((st = grow(ctx, (void **)&w->ops, &w->c_ops, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lborder, &w->c_lborder, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->path, &w->c_path, (size_t)k, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->tptr, &w->c_tptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->pmask, &w->c_pmask, (size_t)k * (size_t)W, sizeof(uint64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->tbits, &w->c_tbits, (size_t)W, sizeof(uint64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->ab, &w->c_ab, (size_t)k, sizeof(int64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lbv, &w->c_lbv, (size_t)k, sizeof(int64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsptr, &w->c_lsptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->run, &w->c_run, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->rbits, &w->c_rbits, (size_t)W, sizeof(uint64_t), 0)))
         return st;
     for (i = 0; i < k; i++) {
         int32_t v = P->cur[a + i];
@@ -825,7 +833,7 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
             if (w->lmap[pg->succ[j]] >= 0)
                 ne++;
     }
-    if ((st = mf_grow(ctx, (void **)&w->lsucc, &w->c_lsucc, (size_t)ne + 1, sizeof(int32_t), 0)))
+    if ((st = grow(ctx, (void **)&w->lsucc, &w->c_lsucc, (size_t)ne + 1, sizeof(int32_t), 0)))
         return st;
     ne = 0;
     for (i = 0; i < k; i++) {
@@ -836,11 +844,11 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
                 w->lsucc[ne++] = w->lmap[pg->succ[j]];
     }
     w->lsptr[k] = ne;
-    if ((st = mf_grow(ctx, (void **)&w->tidx, &w->c_tidx, (size_t)nt + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lsalloc, &w->c_lsalloc, (size_t)nt + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lsb, &w->c_lsb, (size_t)nt + 1, sizeof(int64_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lsnever, &w->c_lsnever, (size_t)nt + 1, 1, 0)) ||
-        (st = mf_grow(ctx, (void **)&w->lsrd, &w->c_lsrd, ((size_t)nt + 1) * (size_t)W, sizeof(uint64_t), 0)))
+    if ((st = grow(ctx, (void **)&w->tidx, &w->c_tidx, (size_t)nt + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsalloc, &w->c_lsalloc, (size_t)nt + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsb, &w->c_lsb, (size_t)nt + 1, sizeof(int64_t), 0)) ||
+        (st = grow(ctx, (void **)&w->lsnever, &w->c_lsnever, (size_t)nt + 1, 1, 0)) ||
+        (st = grow(ctx, (void **)&w->lsrd, &w->c_lsrd, ((size_t)nt + 1) * (size_t)W, sizeof(uint64_t), 0)))
         return st;
     nt = 0;
     for (i = 0; i < k; i++) {
@@ -870,9 +878,9 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
     }
     w->tptr[k] = nt;
     /* NOTE [piece DP], glue: deferrable ops and the op they are glued to */
-    if ((st = mf_grow(ctx, (void **)&w->gptr, &w->c_gptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->gidx, &w->c_gidx, (size_t)k + 1, sizeof(int32_t), 0)) ||
-        (st = mf_grow(ctx, (void **)&w->glued, &w->c_glued, (size_t)k + 1, 1, 0)))
+    if ((st = grow(ctx, (void **)&w->gptr, &w->c_gptr, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->gidx, &w->c_gidx, (size_t)k + 1, sizeof(int32_t), 0)) ||
+        (st = grow(ctx, (void **)&w->glued, &w->c_glued, (size_t)k + 1, 1, 0)))
         return st;
     for (i = 0; i < k; i++) {
         int32_t q, z;
@@ -913,7 +921,7 @@ static int seg_setup(plan_st *P, int32_t a, int32_t b, int32_t *Wout)
         }
     /* ops by lower bound, descending, ties by local index (O(k log k):
      * large pieces reach the DP, NOTE [DP piece size]) */
-    if ((st = mf_grow(ctx, (void **)&w->sortk, &w->c_sortk, (size_t)k * 2, sizeof(lb_key), 0)))
+    if ((st = grow(ctx, (void **)&w->sortk, &w->c_sortk, (size_t)k * 2, sizeof(lb_key), 0)))
         return st;
     for (i = 0; i < k; i++) {
         w->sortk[i].lb = w->lbv[i];
@@ -1181,7 +1189,7 @@ static int seg_relax(plan_st *P, seg_job *J, seg_search *X, int32_t s, const uin
     } else {
         if (w->n_pool + (size_t)m + 1 > (size_t)INT32_MAX)
             return mf_set_error(ctx, MF_ENOMEM, "out of memory (DP path pool)");
-        if ((st = mf_grow(ctx, (void **)&w->pool, &w->c_pool, w->n_pool + (size_t)m + 1, sizeof(int32_t), 1)))
+        if ((st = grow(ctx, (void **)&w->pool, &w->c_pool, w->n_pool + (size_t)m + 1, sizeof(int32_t), 1)))
             return st;
         w->last[t] = -1 - (int32_t)w->n_pool;
         w->pool[w->n_pool++] = m;
@@ -1512,8 +1520,6 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             poff[i + 1] += poff[i];
         for (h = 0; h < N_HEUR; h++) {
             int32_t *c = cand + (size_t)h * n;
-            if (hpeak[h] == INT64_MAX)
-                continue;
             /* NOTE [normalized candidates]: each heuristic order is split by
              * piece with every floating op moved to just before its first
              * successor (NOTE [cut points]), trailing ops at the end and
@@ -1545,8 +1551,6 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             for (h = 0; h < N_HEUR; h++) {
                 const int32_t *c = cand + (size_t)h * n;
                 int64_t pk = 0;
-                if (hpeak[h] == INT64_MAX)
-                    continue;
                 for (j = lo; j < hi; j++) {
                     int64_t d = mf_tracker_apply(&tr, c[j]);
                     if (d > pk)
