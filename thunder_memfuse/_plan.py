@@ -13,7 +13,9 @@ class Plan:
     order: op ids in the planned order.  groups: lists of op ids, each a run of
     consecutive ops of `order` (a fusion region, or a single op).
     peak_bytes: simulated peak of `order` with `groups`; unfused_peak_bytes:
-    `order` with every op alone; baseline_peak_bytes: ops 0..n-1, every op
+    `order` with every op alone; baseline_peak_bytes: the input order made
+    valid by a stable topological sort (the ops as listed when that order is
+    valid; otherwise the smallest-numbered ready op runs first), every op
     alone; lower_bound_bytes: no valid order can go below it.  optimal: the
     unfused order is proven minimal over all valid orders.  states: DP states
     explored; method: which part of the algorithm ladder produced the order.
@@ -56,7 +58,12 @@ def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fus
     wait on its result: collectives keep their relative order, and with
     comm_overlap each is issued as early and each wait run as late as the
     graph allows without raising the planned peaks.
-    Bad input raises ValueError or TypeError naming the problem.
+    max_states: None (the default cap) or an int in [1, 2**63 - 1]; whatever
+    it is, the exact DP also stops at a memory budget (256 MiB of tables) and
+    the plan then reports optimal=False.  Ctrl-C raises KeyboardInterrupt.
+    Bad input raises ValueError or TypeError naming the problem, including
+    sizes whose total (values that are not graph inputs or views) passes
+    2**61 - 1 bytes, and two different `epilogues` heads for one op.
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
@@ -67,6 +74,9 @@ def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fus
 def simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()):
     """Score a schedule with the core's cost model.
 
+    order: every op once, keeping every dependency.  groups (optional): lists
+    of op ids, each non-empty, whose concatenation is `order`.  Otherwise
+    ValueError (or TypeError) names the problem.
     Returns (peak_bytes, step_bytes, live_after): the peak, the memory while
     each step (op or group) runs, and the live bytes after each step.
     """

@@ -24,7 +24,7 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _thunder
+from . import _C, _thunder
 from .executor import is_cuda_gemm, make_region_callable
 
 _BACKENDS = ("auto", "cuda", "cpu")
@@ -57,7 +57,9 @@ class MemFuse(Transform):
     """Memory-aware reordering and fusion of Thunder traces.
 
     Args:
-        max_states: cap on the exact DP's states (None: the core's default).
+        max_states: cap on the exact DP's states: None (the core's default) or an int in
+            [1, 2**63 - 1], checked exactly as plan() checks it.  The DP also stops at a
+            memory budget, whatever the cap.
         strict: raise MemFuseError instead of warning and returning the trace unchanged.
         backend: "auto" (CUDA kernels for CUDA tensors, the CPU fallback otherwise),
             "cuda" (CUDA kernels; the fallback only where a kernel cannot be built),
@@ -89,9 +91,7 @@ class MemFuse(Transform):
         super().__init__()
         if backend not in _BACKENDS:
             raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
-        if max_states is not None and (not isinstance(max_states, int) or max_states <= 0):
-            raise ValueError(f"MemFuse: max_states must be a positive int or None, got {max_states!r}")
-        self.max_states = max_states
+        self.max_states = _C._validate_max_states(max_states)  # the same check as plan()'s
         self.strict = bool(strict)
         self.backend = backend
         if fuse not in (True, False, "auto"):

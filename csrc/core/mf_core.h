@@ -37,7 +37,8 @@ enum {
     MF_ENOMEM = 1,   /* an allocation failed */
     MF_EINVAL = 2,   /* bad graph (message names the problem) */
     MF_ECYCLE = 3,   /* the dataflow plus ordering edges have a cycle */
-    MF_EINTERNAL = 4
+    MF_EINTERNAL = 4,
+    MF_ECANCEL = 5   /* ctx->cancel asked to stop (NOTE [cancel]) */
 };
 
 typedef struct mf_allocator {
@@ -48,9 +49,17 @@ typedef struct mf_allocator {
 
 #define MF_ERR_LEN 512
 
+/* NOTE [cancel]: a long call (mf_plan) polls ctx->cancel (when set) from
+ * its loops: at least every few milliseconds of work, so the caller decides
+ * how often anything costly (a clock read, taking a lock) happens.  A
+ * nonzero return stops the call with MF_ECANCEL; nothing is leaked and the
+ * result is empty.  The callback must not call back into the core with the
+ * same ctx.  mf_ctx_init leaves it NULL (never cancelled). */
 typedef struct mf_ctx {
     mf_allocator alloc;       /* zeroed -> malloc/free */
     char err[MF_ERR_LEN];     /* message of the last failure */
+    int (*cancel)(void *ud);  /* may be NULL; nonzero: stop */
+    void *cancel_ud;
 } mf_ctx;
 
 void mf_ctx_init(mf_ctx *ctx, const mf_allocator *alloc /* may be NULL */);
@@ -99,16 +108,25 @@ typedef struct mf_graph_desc {
 } mf_graph_desc;
 
 enum { MF_COMM_NONE = 0, MF_COMM_ISSUE = 1, MF_COMM_WAIT = 2 };
+/* NOTE [byte sums]: every sum of bytes the core forms (live bytes, a step,
+ * a peak, a hill minus a valley) is bounded by the total of the stored
+ * values (alias roots that are not graph inputs), up to a small factor.
+ * mf_graph_check rejects a graph whose total exceeds MF_MAX_TOTAL_BYTES, so
+ * no sum can wrap in 64 bits: a size too large is an error naming
+ * value_bytes, never a wrong peak. */
+#define MF_MAX_TOTAL_BYTES (INT64_MAX / 4)
 
 /* Validate: ids in range, each value produced by exactly one op or a graph
- * input (not both), sizes >= 0, alias chains acyclic, no cycle through
- * dataflow + after edges.  MF_EINVAL / MF_ECYCLE with a message. */
+ * input (not both), sizes >= 0 and their total within MF_MAX_TOTAL_BYTES,
+ * alias chains acyclic, no cycle through dataflow + after edges.
+ * MF_EINVAL / MF_ECYCLE with a message. */
 int mf_graph_check(mf_ctx *ctx, const mf_graph_desc *g);
 
-/* Simulate a schedule.  order: n_ops op ids (a permutation); groups given by
- * group_ptr (n_groups + 1 offsets into order; NULL means every op alone).
- * The order need not be valid for peak computation, but must be a
- * permutation.  step_bytes (n_groups entries, may be NULL) receives each
+/* Simulate a schedule.  order: n_ops op ids, a permutation that keeps every
+ * dependency (dataflow, view and ordering edges; MF_EINVAL naming the first
+ * violation otherwise); groups given by group_ptr (n_groups + 1 strictly
+ * increasing offsets into order: no empty group; NULL means every op
+ * alone).  step_bytes (n_groups entries, may be NULL) receives each
  * step's `during` memory, live_after (may be NULL) the live bytes after it. */
 int mf_simulate(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order,
                 const int32_t *group_ptr, int32_t n_groups,
@@ -120,6 +138,8 @@ int mf_check_order(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order,
 
 typedef struct mf_plan_options {
     int64_t max_states;  /* cap on DP states; <= 0 means the default */
+    int64_t max_dp_bytes; /* memory budget of the DP's tables (NOTE [DP memory
+                           * budget], mf_sched.c); <= 0: MF_DEFAULT_DP_BYTES */
     int fuse;            /* 1: form fusion groups; 0: singletons only */
     int no_fusion_moves; /* 1: group the planned order as it is (no NOTE [fusion-aware moves]) */
     int32_t dp_max_ops;  /* pieces of up to this many ops get the DP's full
@@ -130,6 +150,7 @@ typedef struct mf_plan_options {
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000
+#define MF_DEFAULT_DP_BYTES ((int64_t)256 << 20)
 
 typedef struct mf_plan_result {
     int32_t n_ops;
@@ -138,7 +159,7 @@ typedef struct mf_plan_result {
     int32_t *group_ptr;      /* n_groups + 1 offsets into order */
     int64_t peak_bytes;          /* order with groups */
     int64_t unfused_peak_bytes;  /* order, every op alone */
-    int64_t baseline_peak_bytes; /* ops 0..n-1, every op alone */
+    int64_t baseline_peak_bytes; /* the baseline order, every op alone (below) */
     int64_t lower_bound_bytes;   /* no valid order can beat this */
     int optimal;             /* unfused order proven minimal over valid orders */
     int64_t states;          /* DP states explored (created, over all DP runs) */
@@ -166,11 +187,14 @@ typedef struct mf_plan_result {
  * were kept): the order's unfused peak may then rise; `optimal` describes the
  * order as returned, unfused, and `method` the rung that planned it before
  * the moves.  Always peak_bytes <=
- * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order.  baseline_peak_bytes is the simulated
- * peak of 0..n-1 even when that order is not valid.  With g->comm (and not
+ * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order.  baseline_peak_bytes is the peak of
+ * the baseline order: the input order made valid by a stable topological
+ * sort (NOTE [baseline order], mf_order.c), which is 0..n-1 itself whenever
+ * that is valid; it is a candidate, so unfused_peak_bytes never exceeds it
+ * without fusion moves.  With g->comm (and not
  * opt->no_comm_overlap), collectives and waits are then placed for overlap
  * (mf_comm.c NOTE [collective overlap]; comm_moves > 0 when some moved),
- * never raising either peak.  Free the result with
+ * never raising either peak.  Cancelled (NOTE [cancel]): MF_ECANCEL.  Free the result with
  * mf_plan_result_free (also safe on a zeroed result). */
 int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt,
             mf_plan_result *out);

@@ -83,6 +83,49 @@ void mf_free(mf_ctx *ctx, void *p)
     ctx->alloc.free(ctx->alloc.ud, p);
 }
 
+int mf_poll(mf_ctx *ctx)
+{
+    if (ctx->cancel && ctx->cancel(ctx->cancel_ud))
+        return mf_set_error(ctx, MF_ECANCEL, "cancelled");
+    return MF_OK;
+}
+
+/* ---- growable scratch ---- */
+
+size_t mf_grow_cap(size_t cap, size_t need, size_t elem)
+{
+    size_t nc;
+    if (need <= cap)
+        return cap;
+    nc = cap ? cap : 64;
+    while (nc < need) {
+        if (nc > ((size_t)-1 / 2) / elem)
+            return (size_t)-1;
+        nc *= 2;
+    }
+    return nc > (size_t)-1 / elem ? (size_t)-1 : nc;
+}
+
+int mf_grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int keep)
+{
+    size_t nc;
+    void *q;
+    if (need <= *cap && *p)
+        return MF_OK;
+    nc = mf_grow_cap(*cap, need, elem);
+    if (nc == (size_t)-1)
+        return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
+    q = mf_alloc(ctx, nc * elem);
+    if (!q)
+        return MF_ENOMEM;
+    if (keep && *p && *cap)
+        memcpy(q, *p, *cap * elem);
+    mf_free(ctx, *p);
+    *p = q;
+    *cap = nc;
+    return MF_OK;
+}
+
 /* ---- arena ---- */
 
 /* NOTE [arena header]: each block starts with a header padded to the

@@ -312,6 +312,19 @@ static int check_body(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g)
         }
     }
 
+    { /* NOTE [byte sums] (mf_core.h): the stored values' total */
+        int64_t total = 0;
+        for (v = 0; v < nv; v++) {
+            if ((g->alias_of && g->alias_of[v] >= 0) || (g->is_input && g->is_input[v]))
+                continue;
+            if (g->value_bytes[v] > MF_MAX_TOTAL_BYTES - total)
+                return mf_set_error(ctx, MF_EINVAL,
+                                    "value_bytes: the values that are not graph inputs or views total more than "
+                                    "%lld bytes (2**61 - 1) at value %d (size %lld); the planner's sums are 64-bit",
+                                    (long long)MF_MAX_TOTAL_BYTES, (int)v, (long long)g->value_bytes[v]);
+            total += g->value_bytes[v];
+        }
+    }
     for (v = 0; v < nv; v++)
         prod[v] = -1;
     for (k = 0; k < n; k++)

@@ -35,6 +35,18 @@ typedef struct mf_arena {
 void *mf_arena_array(mf_ctx *ctx, mf_arena *a, size_t count, size_t size);
 void mf_arena_release(mf_ctx *ctx, mf_arena *a);
 
+/* Growable scratch outside the arena: make *p hold at least need elements
+ * of size elem (capacity doubles from 64; contents kept when keep).  Free
+ * with mf_free. */
+int mf_grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int keep);
+/* The capacity mf_grow would give *cap for need elements (no allocation);
+ * (size_t)-1 when that would overflow. */
+size_t mf_grow_cap(size_t cap, size_t need, size_t elem);
+
+/* NOTE [cancel] (mf_core.h): MF_ECANCEL with a message when ctx->cancel
+ * asks to stop, else MF_OK. */
+int mf_poll(mf_ctx *ctx);
+
 /* ---- planning graph ---- */
 
 typedef struct mf_pg {
@@ -71,6 +83,14 @@ int mf_build_preds(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32
 
 /* Is order (n ops) a permutation respecting pg's edges?  scratch: n int32. */
 int mf_pg_order_valid(const mf_pg *pg, const int32_t *order, int32_t *scratch);
+
+/* ---- orders (mf_order.c) ---- */
+/* MF_OK when order is a permutation keeping every edge of pg, else MF_EINVAL
+ * naming the first problem (what: the argument's name in the message). */
+int mf_pg_order_check(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, const char *what);
+/* The baseline order (NOTE [baseline order]): 0..n-1 made valid by a stable
+ * topological sort, into order (n entries). */
+int mf_baseline_order(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order);
 
 /* General simulation (any permutation, optional groups): the cost model of
  * mf_core.h.  scratch arrays allocated in arena a. */

@@ -55,33 +55,11 @@
 #define MF_WIN_ITERS 64
 
 /* ------------------------------------------------------------------ */
-/* growable scratch                                                     */
+/* growable scratch (mf_ctx.c)                                          */
 
-/* Make *p hold at least need elements of size elem; keep contents when
- * keep is set.  Capacity doubles. */
 static int grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int keep)
 {
-    size_t nc;
-    void *q;
-    if (need <= *cap && *p)
-        return MF_OK;
-    nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > ((size_t)-1 / 2) / elem)
-            return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
-        nc *= 2;
-    }
-    if (nc > (size_t)-1 / elem)
-        return mf_set_error(ctx, MF_ENOMEM, "out of memory (scratch of %zu elements)", need);
-    q = mf_alloc(ctx, nc * elem);
-    if (!q)
-        return MF_ENOMEM;
-    if (keep && *p && *cap)
-        memcpy(q, *p, *cap * elem);
-    mf_free(ctx, *p);
-    *p = q;
-    *cap = nc;
-    return MF_OK;
+    return mf_grow(ctx, p, cap, need, elem, keep);
 }
 
 /* ------------------------------------------------------------------ */
@@ -661,6 +639,8 @@ typedef struct seg_ws {
     size_t c_heap;
     lb_key *sortk;
     size_t c_sortk;
+    int64_t mem_limit; /* NOTE [DP memory budget] */
+    int over_budget;   /* sticky: a run stopped at mem_limit */
 } seg_ws;
 
 static void seg_ws_free(mf_ctx *ctx, seg_ws *w)
@@ -1123,9 +1103,33 @@ static int32_t find_free(seg_ws *w, const uint64_t *S, int64_t live, int64_t lim
 
 typedef struct seg_search {
     int32_t k, W, nst;
-    size_t hn, tmask;
+    size_t hn, tmask, pops;
     int capped;
 } seg_search;
+
+/* NOTE [DP memory budget]
+ * The DP's tables (state bitsets and fields, hash table, heap, path pool)
+ * grow with the states it creates, whatever max_states allows.  Before a
+ * step that would grow them, the footprint they would have after it is
+ * computed (mf_grow's doubling, the table's rehash); past mem_limit the run
+ * stops as if capped (not proven) and no later DP or window runs in this
+ * plan.  The per-piece scratch (O(k^2 / 64) words) is not counted; neither
+ * is the old copy an array briefly keeps while it doubles. */
+static int dp_over(seg_ws *w, const seg_search *X, int new_state, int32_t m)
+{
+    size_t ns = (size_t)X->nst + (new_state ? 1 : 0), tab = w->c_tab;
+    double b;
+    if (new_state && ns * 2 > tab)
+        tab *= 2;
+    b = (double)mf_grow_cap(w->c_bits, ns * (size_t)X->W, 8) * 8.0 + (double)tab * 4.0 +
+        (double)mf_grow_cap(w->c_g, ns, 8) * (8.0 * 4 + 4.0 * 3 + 1.0) +
+        (double)mf_grow_cap(w->c_heap, X->hn + 1, sizeof(hentry)) * (double)sizeof(hentry) +
+        (double)mf_grow_cap(w->c_pool, m > 1 ? w->n_pool + (size_t)m + 1 : 0, 4) * 4.0;
+    if (b <= (double)w->mem_limit)
+        return 0;
+    w->over_budget = 1;
+    return 1;
+}
 
 /* Reach state T (bitset) from state s by the ops run[0..m): insert it, or
  * lower its f; push it on the heap.  Sets X->capped when a new state would
@@ -1157,8 +1161,12 @@ static int seg_relax(plan_st *P, seg_job *J, seg_search *X, int32_t s, const uin
     if (t >= 0) {
         if (w->closed[t] || f2 >= w->fval[t])
             return MF_OK;
+        if (dp_over(w, X, 0, m)) {
+            X->capped = 1;
+            return MF_OK;
+        }
     } else {
-        if (X->nst >= J->cap) {
+        if (X->nst >= J->cap || dp_over(w, X, 1, m)) {
             X->capped = 1;
             return MF_OK;
         }
@@ -1211,6 +1219,8 @@ static int seg_solve(plan_st *P, seg_job *J)
     J->outcome = SEG_NO_BETTER;
     J->states = 0;
     J->bound = J->F;
+    if ((st = mf_poll(ctx)))
+        return st;
     if (k <= 1)
         return MF_OK;
     st = seg_setup(P, J->a, J->b, &W);
@@ -1252,6 +1262,8 @@ static int seg_solve(plan_st *P, seg_job *J)
     while (X.hn > 0) {
         int32_t s, v, m;
         int64_t lim, live2, maxc;
+        if ((++X.pops & 63) == 0 && (st = mf_poll(ctx))) /* NOTE [cancel] */
+            goto out;
         e = heap_pop(w, &X.hn);
         s = e.idx;
         if (w->closed[s] || e.f != w->fval[s])
@@ -1395,7 +1407,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
     heur_ws hw;
     plan_st P;
     int32_t n = g->n_ops, i, k, h, best_h = -1, np = 0;
-    int32_t *ident, *scratch, *hord[N_HEUR], *piece_of, *poff, *pfill, *cand;
+    int32_t *scratch, *hord[N_HEUR], *piece_of, *poff, *pfill, *cand;
     int64_t hpeak[N_HEUR], LB = 0, U, F, budget, win_budget, states = 0, peak, sim_peak;
     int64_t max_states = (opt && opt->max_states > 0) ? opt->max_states : MF_DEFAULT_MAX_STATES;
     /* NOTE [state budget]
@@ -1420,49 +1432,40 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
     int32_t small = (opt && opt->dp_max_ops > 0 && opt->dp_max_ops < MF_DP_MAX_OPS) ? opt->dp_max_ops
                                                                                       : MF_DP_MAX_OPS;
     int32_t wlen0 = MF_WIN_LEN < small / 4 ? MF_WIN_LEN : (small / 4 > 2 ? small / 4 : 2), wlen;
-    int fuse = opt ? opt->fuse : 1, input_valid, improved = 0, mixed = 0, liu_kept = 0;
+    int fuse = opt ? opt->fuse : 1, improved = 0, mixed = 0, liu_kept = 0;
     int st;
 
     memset(&P, 0, sizeof P);
     P.sw = sw;
+    sw->mem_limit = (opt && opt->max_dp_bytes > 0) ? opt->max_dp_bytes : MF_DEFAULT_DP_BYTES;
     st = mf_pg_build(ctx, a, g, &pg);
     if (st)
         return st;
     if ((st = mf_tracker_init(ctx, a, &pg, &tr)) || (st = heur_ws_init(ctx, a, &pg, &hw)))
         return st;
-    ident = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
     scratch = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-    if (!ident || !scratch)
+    for (h = 0; h < N_HEUR; h++)
+        if (!(hord[h] = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t))))
+            return MF_ENOMEM;
+    if (!scratch)
         return MF_ENOMEM;
-    for (i = 0; i < n; i++)
-        ident[i] = i;
 
-    /* 1-2: baseline, lower bound */
-    st = mf_pg_simulate(ctx, a, &pg, ident, NULL, n, &out->baseline_peak_bytes, NULL, NULL);
-    if (st)
+    /* 1-2: baseline (NOTE [baseline order], mf_order.c: valid, the input
+     * order itself when that is valid), lower bound */
+    if ((st = mf_baseline_order(ctx, a, &pg, hord[0])) ||
+        (st = mf_pg_simulate(ctx, a, &pg, hord[0], NULL, n, &out->baseline_peak_bytes, NULL, NULL)))
         return st;
-    input_valid = mf_pg_order_valid(&pg, ident, scratch);
     LB = pg.outbytes;
     for (k = 0; k < n; k++)
         if (pg.oplb[k] > LB)
             LB = pg.oplb[k];
     out->lower_bound_bytes = LB;
 
-    /* 3: heuristics */
-    for (h = 0; h < N_HEUR; h++) {
-        hord[h] = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-        if (!hord[h])
-            return MF_ENOMEM;
-    }
-    memcpy(hord[0], ident, sizeof(int32_t) * (size_t)n);
+    /* 3: heuristics (the baseline order is the first) */
     greedy_order(&pg, &hw, 0, hord[1]);
     greedy_order(&pg, &hw, 1, hord[2]);
     dfs_order(&pg, &hw, hord[3]);
     for (h = 0; h < N_HEUR; h++) {
-        if (h == 0 && !input_valid) {
-            hpeak[h] = INT64_MAX;
-            continue;
-        }
         hpeak[h] = mf_tracker_peak(&tr, hord[h], n);
         if (best_h < 0 || hpeak[h] < hpeak[best_h])
             best_h = h;
@@ -1517,8 +1520,6 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             poff[i + 1] += poff[i];
         for (h = 0; h < N_HEUR; h++) {
             int32_t *c = cand + (size_t)h * n;
-            if (hpeak[h] == INT64_MAX)
-                continue;
             /* NOTE [normalized candidates]: each heuristic order is split by
              * piece with every floating op moved to just before its first
              * successor (NOTE [cut points]), trailing ops at the end and
@@ -1550,8 +1551,6 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             for (h = 0; h < N_HEUR; h++) {
                 const int32_t *c = cand + (size_t)h * n;
                 int64_t pk = 0;
-                if (hpeak[h] == INT64_MAX)
-                    continue;
                 for (j = lo; j < hi; j++) {
                     int64_t d = mf_tracker_apply(&tr, c[j]);
                     if (d > pk)
@@ -1648,7 +1647,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
             /* the first piece left unproven has the highest peak among the
              * rest: no later piece can lower the plan's peak below it */
             pcap = piece_cap(run_cap, poff[p + 1] - poff[p], small);
-            if (pcap <= 0 || budget <= 0)
+            if (pcap <= 0 || budget <= 0 || sw->over_budget)
                 break;
             memset(&J, 0, sizeof J);
             J.a = poff[p];
@@ -1688,7 +1687,7 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
         if (win_budget < win_cap && budget >= win_cap)
             win_budget = win_cap;
         wlen = wlen0;
-        for (i = 0; i < MF_WIN_ITERS && win_budget > 0; i++) {
+        for (i = 0; i < MF_WIN_ITERS && win_budget > 0 && !sw->over_budget; i++) {
             int32_t pp = 0, j, p, wa, wb, big;
             int64_t pk = -1, floor_ = F;
             seg_job J;
@@ -1768,12 +1767,12 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
      * [normalized candidates]); they stay as the interface's guarantee.  The
      * tests build with MF_STRICT_CHECKS, which turns them into errors. */
 #ifdef MF_STRICT_CHECKS
-    if ((input_valid && out->baseline_peak_bytes < peak) || U < peak)
+    if (out->baseline_peak_bytes < peak || U < peak)
         return mf_set_error(ctx, MF_EINTERNAL, "plan peak %lld above the input (%lld) or heuristic (%lld) order",
                             (long long)peak, (long long)out->baseline_peak_bytes, (long long)U);
 #endif
-    if (input_valid && out->baseline_peak_bytes < peak) {
-        memcpy(out->order, ident, sizeof(int32_t) * (size_t)n);
+    if (out->baseline_peak_bytes < peak) {
+        memcpy(out->order, hord[0], sizeof(int32_t) * (size_t)n);
         peak = out->baseline_peak_bytes;
         out->method = "input";
     }

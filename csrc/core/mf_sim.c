@@ -6,8 +6,9 @@
  *    allocated at the step (group) g_a of its allocating op and freed after
  *    step max(g_a, last reading step), or never when an alias is a graph
  *    output.  For an unread storage that is "right after the op producing
- *    it"; for a reader placed before the allocator (possible only in an
- *    invalid order) it is the same deterministic rule.  A group of one op is
+ *    it".  The public mf_simulate accepts valid orders only
+ *    (mf_pg_order_check); internally any permutation is scored by the same
+ *    deterministic rule.  A group of one op is
  *    an unfused step (counts every storage it allocates); a larger group
  *    counts the storages it allocates that are graph outputs or are read by
  *    some op outside the group.
@@ -34,8 +35,9 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
         if (group_ptr[0] != 0)
             return mf_set_error(ctx, MF_EINVAL, "group_ptr[0] is %d, expected 0", (int)group_ptr[0]);
         for (i = 0; i < n_groups; i++)
-            if (group_ptr[i + 1] < group_ptr[i])
-                return mf_set_error(ctx, MF_EINVAL, "group_ptr decreases at group %d", (int)i);
+            if (group_ptr[i + 1] <= group_ptr[i])
+                return mf_set_error(ctx, MF_EINVAL, "group_ptr: group %d is %s", (int)i,
+                                    group_ptr[i + 1] < group_ptr[i] ? "of negative length" : "empty");
         if (group_ptr[n_groups] != n)
             return mf_set_error(ctx, MF_EINVAL, "group_ptr[%d] is %d, expected n_ops = %d", (int)n_groups,
                                 (int)group_ptr[n_groups], (int)n);
@@ -104,6 +106,8 @@ int mf_simulate(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order, const
     if (!order && g->n_ops > 0)
         return mf_set_error(ctx, MF_EINVAL, "order is NULL");
     st = mf_pg_build(ctx, &a, g, &pg);
+    if (!st)
+        st = mf_pg_order_check(ctx, &a, &pg, order, "order");
     if (!st)
         st = mf_pg_simulate(ctx, &a, &pg, order, group_ptr, n_groups, peak_out, step_bytes, live_after);
     mf_arena_release(ctx, &a);

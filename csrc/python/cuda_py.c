@@ -112,7 +112,7 @@ static int ptr_arg(PyObject *obj, void **out)
 /* ---- cuda_set_search_dirs ------------------------------------------------------ */
 
 PyDoc_STRVAR(set_dirs_doc,
-             "cuda_set_search_dirs(dirs)\n--\n\n"
+             "cuda_set_search_dirs($module, dirs, /)\n--\n\n"
              "Directories searched for libnvrtc/libcublas before CUDA_HOME/lib64 and the\n"
              "default loader path (the nvidia pip wheels' lib folders).  Forgets failed\n"
              "loads so the next use searches again.");
@@ -124,15 +124,15 @@ static PyObject *py_set_dirs(PyObject *self, PyObject *arg)
     Py_ssize_t n, i;
     char err[ERRLEN];
     (void)self;
-    seq = PySequence_Fast(arg, "cuda_set_search_dirs expects a sequence of str");
+    seq = mf_py_tuple(arg, "cuda_set_search_dirs: dirs");
     if (!seq)
         goto error;
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     dirs = calloc_items(n, sizeof(char *));
     if (!dirs)
         goto error;
     for (i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
         dirs[i] = PyUnicode_AsUTF8(item);
         if (!dirs[i])
             goto error;
@@ -188,7 +188,7 @@ static int add_cache_stats(PyObject *d)
 }
 
 PyDoc_STRVAR(status_doc,
-             "cuda_status()\n--\n\n"
+             "cuda_status($module, /)\n--\n\n"
              "Load (at first use) the CUDA driver, NVRTC, cuBLAS and cuBLASLt and say what was\n"
              "found: paths, versions, driver version and device count, or why not.");
 
@@ -332,20 +332,20 @@ static int parse_region(PyObject *obj, parsed_region *p)
     if (!PyArg_ParseTuple(obj, "OOOipp;region must be (inputs, instrs, outputs, ndim, index64, contiguous)",
                           &in_obj, &instr_obj, &out_obj, &ndim, &index64, &contiguous))
         goto error;
-    ins = PySequence_Fast(in_obj, "region inputs must be a sequence");
-    instrs = PySequence_Fast(instr_obj, "region instrs must be a sequence");
-    outs = PySequence_Fast(out_obj, "region outputs must be a sequence");
+    ins = mf_py_tuple(in_obj, "region inputs");
+    instrs = mf_py_tuple(instr_obj, "region instrs");
+    outs = mf_py_tuple(out_obj, "region outputs");
     if (!ins || !instrs || !outs)
         goto error;
 
-    n = PySequence_Fast_GET_SIZE(ins);
+    n = PyTuple_GET_SIZE(ins);
     p->inputs = calloc_items(n, sizeof *p->inputs);
     if (!p->inputs)
         goto error;
     for (i = 0; i < n; i++) {
         PyObject *kind, *dt;
         const char *k;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ins, i), "OO;input must be (kind, dtype)", &kind, &dt))
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(ins, i), "OO;input must be (kind, dtype)", &kind, &dt))
             goto error;
         k = PyUnicode_AsUTF8(kind);
         if (!k)
@@ -361,7 +361,7 @@ static int parse_region(PyObject *obj, parsed_region *p)
     }
     p->r.n_inputs = (int)n;
 
-    n = PySequence_Fast_GET_SIZE(instrs);
+    n = PyTuple_GET_SIZE(instrs);
     p->instrs = calloc_items(n, sizeof *p->instrs);
     if (!p->instrs)
         goto error;
@@ -369,7 +369,7 @@ static int parse_region(PyObject *obj, parsed_region *p)
         PyObject *opname, *dt, *cval = NULL;
         const char *name;
         mf_codegen_instr *in = &p->instrs[i];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(instrs, i), "OOO|O;instr must be (op, args, dtype[, const])",
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(instrs, i), "OOO|O;instr must be (op, args, dtype[, const])",
                               &opname, &item, &dt, &cval))
             goto error;
         name = PyUnicode_AsUTF8(opname);
@@ -383,16 +383,16 @@ static int parse_region(PyObject *obj, parsed_region *p)
         in->dtype = dtype_arg(dt, "instr", i);
         if (in->dtype < 0)
             goto error;
-        args = PySequence_Fast(item, "instr args must be a sequence");
+        args = mf_py_tuple(item, "instr args");
         if (!args)
             goto error;
-        if (PySequence_Fast_GET_SIZE(args) > MF_CODEGEN_MAX_ARGS) {
+        if (PyTuple_GET_SIZE(args) > MF_CODEGEN_MAX_ARGS) {
             PyErr_Format(PyExc_ValueError, "instr %zd: too many arguments", i);
             goto error;
         }
-        in->nargs = (int)PySequence_Fast_GET_SIZE(args);
+        in->nargs = (int)PyTuple_GET_SIZE(args);
         for (j = 0; j < in->nargs; j++) {
-            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(args, j));
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(args, j));
             if (v == -1 && PyErr_Occurred())
                 goto error;
             in->args[j] = (int32_t)v;
@@ -422,13 +422,13 @@ static int parse_region(PyObject *obj, parsed_region *p)
     }
     p->r.n_instrs = (int)n;
 
-    n = PySequence_Fast_GET_SIZE(outs);
+    n = PyTuple_GET_SIZE(outs);
     p->outputs = calloc_items(n, sizeof *p->outputs);
     if (!p->outputs)
         goto error;
     for (i = 0; i < n; i++) {
         int value, guarded;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(outs, i), "ip;output must be (value, guarded)",
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(outs, i), "ip;output must be (value, guarded)",
                               &value, &guarded))
             goto error;
         p->outputs[i].value = value;
@@ -451,7 +451,7 @@ error:
 }
 
 PyDoc_STRVAR(codegen_doc,
-             "cuda_codegen(region)\n--\n\n"
+             "cuda_codegen($module, region, /)\n--\n\n"
              "CUDA C source of the one kernel for region = (inputs, instrs, outputs, ndim,\n"
              "index64, contiguous); see docs/CUDA.md.  ValueError for a malformed or\n"
              "unsupported region.");
@@ -484,7 +484,7 @@ error:
 }
 
 PyDoc_STRVAR(codegen_info_doc,
-             "cuda_codegen_info()\n--\n\n"
+             "cuda_codegen_info($module, /)\n--\n\n"
              "{'ops': {name: arity}, 'dtypes': [...], 'block': int, 'kernel_name': str,\n"
              " 'max_dims': int, 'max_param_bytes': int}");
 
@@ -529,7 +529,7 @@ error:
 /* ---- nvrtc_compile ----------------------------------------------------------- */
 
 PyDoc_STRVAR(compile_doc,
-             "nvrtc_compile(source, arch, mode='auto', cache=True, cache_dir=None, name='mf_kernel')\n--\n\n"
+             "nvrtc_compile($module, /, source, arch, mode='auto', cache=True, cache_dir=None, name='mf_kernel')\n--\n\n"
              "Compile with NVRTC for compute capability arch (e.g. 90).  mode: 'auto'\n"
              "(cubin when NVRTC knows the arch, else PTX), 'cubin' or 'ptx'.  cache_dir:\n"
              "None = $THUNDER_MEMFUSE_CACHE or ~/.cache/thunder_memfuse/kernels, '' = no\n"
@@ -597,7 +597,7 @@ error:
     return result;
 }
 
-PyDoc_STRVAR(cache_stats_doc, "cuda_cache_stats()\n--\n\nCounters of the kernel cache.");
+PyDoc_STRVAR(cache_stats_doc, "cuda_cache_stats($module, /)\n--\n\nCounters of the kernel cache.");
 
 static PyObject *py_cache_stats(PyObject *self, PyObject *noargs)
 {
@@ -613,7 +613,7 @@ static PyObject *py_cache_stats(PyObject *self, PyObject *noargs)
     return d;
 }
 
-PyDoc_STRVAR(cache_clear_doc, "cuda_cache_clear()\n--\n\nDrop the in-memory kernel cache.");
+PyDoc_STRVAR(cache_clear_doc, "cuda_cache_clear($module, /)\n--\n\nDrop the in-memory kernel cache.");
 
 static PyObject *py_cache_clear(PyObject *self, PyObject *noargs)
 {
@@ -626,7 +626,7 @@ static PyObject *py_cache_clear(PyObject *self, PyObject *noargs)
 /* ---- device, load, launch ------------------------------------------------------ */
 
 PyDoc_STRVAR(device_info_doc,
-             "cuda_device_info(device)\n--\n\n(compute capability as major*10+minor, SM count).");
+             "cuda_device_info($module, device, /)\n--\n\n(compute capability as major*10+minor, SM count).");
 
 static PyObject *py_device_info(PyObject *self, PyObject *arg)
 {
@@ -642,7 +642,7 @@ static PyObject *py_device_info(PyObject *self, PyObject *arg)
 }
 
 PyDoc_STRVAR(load_doc,
-             "cuda_load_function(image, name, device)\n--\n\n"
+             "cuda_load_function($module, image, name, device, /)\n--\n\n"
              "cuModuleLoadData into device's primary context; the CUfunction as an int.");
 
 static PyObject *py_load_function(PyObject *self, PyObject *args)
@@ -669,7 +669,7 @@ error:
 }
 
 PyDoc_STRVAR(launch_doc,
-             "cuda_launch(function, device, grid, block, stream, params)\n--\n\n"
+             "cuda_launch($module, function, device, grid, block, stream, params, /)\n--\n\n"
              "cuLaunchKernel with one by-value parameter: the packed bytes `params`.");
 
 static PyObject *py_launch(PyObject *self, PyObject *args)
@@ -703,9 +703,9 @@ error:
 /* ---- cuBLAS --------------------------------------------------------------- */
 
 PyDoc_STRVAR(gemm_doc,
-             "cublas_gemm(device, stream, workspace, workspace_bytes, transa, transb, m, n, k,\n"
+             "cublas_gemm($module, device, stream, workspace, workspace_bytes, transa, transb, m, n, k,\n"
              "            A, lda, stride_a, B, ldb, stride_b, C, ldc, stride_c, batch, dtype,\n"
-             "            alpha, beta, allow_tf32)\n--\n\n"
+             "            alpha, beta, allow_tf32, /)\n--\n\n"
              "Column-major C = alpha*op(A)@op(B) + beta*C with cublasGemmEx (batch == 1) or\n"
              "cublasGemmStridedBatchedEx; pointers and the stream are ints; dtype is one\n"
              "of 'float32', 'float16', 'bfloat16', 'float64'.");
@@ -764,9 +764,9 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(lt_matmul_doc,
-             "cublaslt_matmul(device, stream, workspace, workspace_bytes, transa, transb, m, n, k,\n"
+             "cublaslt_matmul($module, device, stream, workspace, workspace_bytes, transa, transb, m, n, k,\n"
              "                A, lda, stride_a, B, ldb, stride_b, D, ldd, stride_d, batch, dtype,\n"
-             "                allow_tf32, bias, act)\n--\n\n"
+             "                allow_tf32, bias, act, /)\n--\n\n"
              "Column-major D = act(op(A)@op(B) [+ bias]) as ONE cublasLtMatmul with a fused\n"
              "epilogue (NOTE [cublasLt matmul] in csrc/cuda/mf_cuda.c).  Pointers and the stream\n"
              "are ints; bias is a pointer to m elements of dtype, or 0 for none; dtype is\n"

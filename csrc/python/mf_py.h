@@ -21,6 +21,12 @@ int mf_py_cuda_exec(PyObject *module);    /* cuda_py.c: CUDA loader, codegen, NV
 void mf_py_ctx_init(mf_ctx *ctx);                      /* core ctx on PyMem_Raw */
 PyObject *mf_py_raise(const mf_ctx *ctx, int status);  /* status -> exception, NULL */
 PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
-                         int dp_max_ops); /* -> plan dict */
+                         int dp_max_ops, long long dp_max_bytes); /* -> plan dict */
+/* A tuple snapshot of a sequence (plan.c NOTE [snapshots]): o itself when a
+ * tuple, else a new tuple of its items; TypeError naming `what` otherwise. */
+PyObject *mf_py_tuple(PyObject *o, const char *what);
+/* max_states: None (-> 0, the default) or an int in [1, 2**63 - 1], not a
+ * bool; TypeError / ValueError naming the range.  0 or -1. */
+int mf_py_max_states(PyObject *ms, long long *out);
 
 #endif /* MF_PY_H */

@@ -5,10 +5,17 @@
  * here, so every message names the offending argument and index), lets the
  * core check the graph (it names semantic problems: a value produced twice,
  * a cycle ...), runs the core without the GIL, and converts the result.
- * Core statuses become ValueError (bad graph) or MemoryError.
+ * Core statuses become exceptions in one place, mf_py_raise.
+ *
+ * NOTE [snapshots]: every sequence argument is copied into a tuple
+ * (mf_py_tuple) before any of its items is converted.  Converting an item
+ * can run user code (__index__, __bool__) that mutates the list being read;
+ * a tuple cannot change and holds its own references, so no callback can
+ * make the binding read past the end or use a freed item.
  */
 #include "mf_py.h"
 #include <string.h>
+#include <time.h>
 
 /* ---- allocator: the core allocates through PyMem_Raw (no GIL needed) ---- */
 
@@ -39,6 +46,11 @@ PyObject *mf_py_raise(const mf_ctx *ctx, int status)
     switch (status) {
     case MF_ENOMEM:
         return PyErr_NoMemory();
+    case MF_ECANCEL:
+        /* the signal handler's exception (KeyboardInterrupt) is set */
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "thunder_memfuse: plan cancelled");
+        return NULL;
     case MF_EINVAL:
     case MF_ECYCLE:
         PyErr_SetString(PyExc_ValueError, ctx->err);
@@ -79,14 +91,52 @@ static int get_id(PyObject *o, int32_t limit, const char *what, int32_t *out)
     return 0;
 }
 
-/* A sequence as a fast list/tuple; names the argument on failure. */
+PyObject *mf_py_tuple(PyObject *o, const char *what)
+{
+    PyObject *t;
+    if (PyTuple_Check(o)) {
+        Py_INCREF(o);
+        return o;
+    }
+    if (!(t = PySequence_Tuple(o)) && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence, not %.80s", what, Py_TYPE(o)->tp_name);
+    }
+    return t;
+}
+
+/* A sequence as a tuple snapshot (NOTE [snapshots]); names the argument on
+ * failure.  Strings are not sequences of ids. */
 static PyObject *as_seq(PyObject *o, const char *what)
 {
     if (PyUnicode_Check(o) || PyBytes_Check(o) || !PySequence_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s must be a sequence, not %.80s", what, Py_TYPE(o)->tp_name);
         return NULL;
     }
-    return PySequence_Fast(o, what);
+    return mf_py_tuple(o, what);
+}
+
+int mf_py_max_states(PyObject *ms, long long *out)
+{
+    int overflow = 0;
+    long long v;
+    *out = 0;
+    if (ms == Py_None)
+        return 0;
+    if (PyBool_Check(ms) || !PyLong_Check(ms)) {
+        PyErr_Format(PyExc_TypeError, "max_states must be an int in [1, 2**63 - 1] or None, not %.80s",
+                     Py_TYPE(ms)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsLongLongAndOverflow(ms, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || v < 1) {
+        PyErr_Format(PyExc_ValueError, "max_states must be an int in [1, 2**63 - 1] or None, got %R", ms);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }
 
 /* An iterable of ids (graph_inputs, graph_outputs, an op's inputs). */
@@ -99,11 +149,11 @@ static int each_id(PyObject *o, int32_t limit, const char *what, mf_gbuf *b, id_
     char name[160];
     if (!seq)
         return -1;
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     for (i = 0; i < n; i++) {
         int32_t v;
         snprintf(name, sizeof name, "%s[%zd]", what, i);
-        if (get_id(PySequence_Fast_GET_ITEM(seq, i), limit, name, &v) < 0 || sink(b, v, arg) < 0) {
+        if (get_id(PyTuple_GET_ITEM(seq, i), limit, name, &v) < 0 || sink(b, v, arg) < 0) {
             Py_DECREF(seq);
             return -1;
         }
@@ -142,16 +192,16 @@ static int each_pair(PyObject *o, int32_t limit, const char *what, mf_gbuf *b, p
     char name[160];
     if (!seq)
         return -1;
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     for (i = 0; i < n; i++) {
         PyObject *pair;
         int32_t x, y;
         snprintf(name, sizeof name, "%s[%zd]", what, i);
-        pair = as_seq(PySequence_Fast_GET_ITEM(seq, i), name);
+        pair = as_seq(PyTuple_GET_ITEM(seq, i), name);
         if (!pair)
             goto fail;
-        if (PySequence_Fast_GET_SIZE(pair) != 2) {
-            PyErr_Format(PyExc_ValueError, "%s must be a pair, got %zd items", name, PySequence_Fast_GET_SIZE(pair));
+        if (PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_Format(PyExc_ValueError, "%s must be a pair, got %zd items", name, PyTuple_GET_SIZE(pair));
             Py_DECREF(pair);
             goto fail;
         }
@@ -159,8 +209,8 @@ static int each_pair(PyObject *o, int32_t limit, const char *what, mf_gbuf *b, p
             char n0[180], n1[180];
             snprintf(n0, sizeof n0, "%s[0]", name);
             snprintf(n1, sizeof n1, "%s[1]", name);
-            if (get_id(PySequence_Fast_GET_ITEM(pair, 0), limit, n0, &x) < 0 ||
-                get_id(PySequence_Fast_GET_ITEM(pair, 1), limit, n1, &y) < 0) {
+            if (get_id(PyTuple_GET_ITEM(pair, 0), limit, n0, &x) < 0 ||
+                get_id(PyTuple_GET_ITEM(pair, 1), limit, n1, &y) < 0) {
                 Py_DECREF(pair);
                 goto fail;
             }
@@ -194,7 +244,11 @@ static int sink_alias(mf_gbuf *b, int32_t view, int32_t base, const char *what)
 /* (the core's graph check rejects an op that is its own epilogue) */
 static int sink_epilogue(mf_gbuf *b, int32_t v, int32_t u, const char *what)
 {
-    (void)what;
+    if (b->epilogue_of && v < b->n_epi && b->epilogue_of[v] != -1 && b->epilogue_of[v] != u) {
+        PyErr_Format(PyExc_ValueError, "%s: op %d is already the epilogue of op %d", what, (int)v,
+                     (int)b->epilogue_of[v]);
+        return -1;
+    }
     if (mf_gbuf_set_epilogue(b, v, u) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -242,13 +296,13 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
 
     if (!(vb_seq = as_seq(value_bytes, "value_bytes")))
         goto done;
-    n_values = PySequence_Fast_GET_SIZE(vb_seq);
+    n_values = PyTuple_GET_SIZE(vb_seq);
     if (n_values >= INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "value_bytes: too many values");
         goto done;
     }
     for (i = 0; i < n_values; i++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(vb_seq, i);
+        PyObject *o = PyTuple_GET_ITEM(vb_seq, i);
         long long v;
         int overflow = 0;
         if (PyBool_Check(o) || !PyLong_Check(o)) {
@@ -276,7 +330,7 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
 
     if (!(ops_seq = as_seq(ops, "ops")))
         goto done;
-    n_ops = PySequence_Fast_GET_SIZE(ops_seq);
+    n_ops = PyTuple_GET_SIZE(ops_seq);
     if (n_ops >= INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "ops: too many ops");
         goto done;
@@ -284,9 +338,9 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
     if (fusible != Py_None) {
         if (!(fu_seq = as_seq(fusible, "fusible")))
             goto done;
-        if (PySequence_Fast_GET_SIZE(fu_seq) != n_ops) {
+        if (PyTuple_GET_SIZE(fu_seq) != n_ops) {
             PyErr_Format(PyExc_ValueError, "fusible has %zd entries but there are %zd ops",
-                         PySequence_Fast_GET_SIZE(fu_seq), n_ops);
+                         PyTuple_GET_SIZE(fu_seq), n_ops);
             goto done;
         }
     }
@@ -294,13 +348,13 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
         PyObject *op;
         int fu = 0;
         snprintf(name, sizeof name, "ops[%zd]", i);
-        if (fu_seq && (fu = PyObject_IsTrue(PySequence_Fast_GET_ITEM(fu_seq, i))) < 0)
+        if (fu_seq && (fu = PyObject_IsTrue(PyTuple_GET_ITEM(fu_seq, i))) < 0)
             goto done;
-        if (!(op = as_seq(PySequence_Fast_GET_ITEM(ops_seq, i), name)))
+        if (!(op = as_seq(PyTuple_GET_ITEM(ops_seq, i), name)))
             goto done;
-        if (PySequence_Fast_GET_SIZE(op) != 2) {
+        if (PyTuple_GET_SIZE(op) != 2) {
             PyErr_Format(PyExc_ValueError, "%s must be a pair (inputs, outputs), got %zd items", name,
-                         PySequence_Fast_GET_SIZE(op));
+                         PyTuple_GET_SIZE(op));
             Py_DECREF(op);
             goto done;
         }
@@ -313,8 +367,8 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
             char nin[120], nout[120];
             snprintf(nin, sizeof nin, "%s[0] (inputs)", name);
             snprintf(nout, sizeof nout, "%s[1] (outputs)", name);
-            if (each_id(PySequence_Fast_GET_ITEM(op, 0), (int32_t)n_values, nin, b, sink_in, NULL) < 0 ||
-                each_id(PySequence_Fast_GET_ITEM(op, 1), (int32_t)n_values, nout, b, sink_out, NULL) < 0) {
+            if (each_id(PyTuple_GET_ITEM(op, 0), (int32_t)n_values, nin, b, sink_in, NULL) < 0 ||
+                each_id(PyTuple_GET_ITEM(op, 1), (int32_t)n_values, nout, b, sink_out, NULL) < 0) {
                 Py_DECREF(op);
                 goto done;
             }
@@ -384,17 +438,55 @@ fail:
     return d;
 }
 
+/* NOTE [interrupting a plan]: the core runs without the GIL and polls
+ * ctx->cancel (mf_core.h NOTE [cancel]).  poll_signals reads a monotonic
+ * clock and, at most every MF_PY_POLL_S seconds, takes the GIL back to run
+ * PyErr_CheckSignals: a Ctrl-C then runs Python's handler, whose
+ * KeyboardInterrupt stays set while the core unwinds with MF_ECANCEL, and
+ * mf_py_raise passes it on.  (Off the main thread CheckSignals does nothing;
+ * the plan then runs to its end.) */
+#define MF_PY_POLL_S 0.02
+
+typedef struct sigpoll {
+    PyThreadState *ts;
+    double next;
+} sigpoll;
+
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int poll_signals(void *ud)
+{
+    sigpoll *p = (sigpoll *)ud;
+    double now = mono_s();
+    int rc;
+    if (now < p->next)
+        return 0;
+    p->next = now + MF_PY_POLL_S;
+    PyEval_RestoreThread(p->ts);
+    rc = PyErr_CheckSignals();
+    p->ts = PyEval_SaveThread();
+    return rc < 0;
+}
+
 /* Run the core planner on a built graph; returns the result dict.
  * fusion_moves: 0 sets mf_plan_options.no_fusion_moves, comm_overlap: 0
  * no_comm_overlap; dp_max_ops:
- * mf_plan_options.dp_max_ops (0: the default; tests lower it). */
+ * mf_plan_options.dp_max_ops (0: the default; tests lower it); dp_max_bytes:
+ * mf_plan_options.max_dp_bytes (0: the default). */
 PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
-                         int dp_max_ops)
+                         int dp_max_ops,
+                         long long dp_max_bytes)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
     mf_plan_options opt;
     mf_plan_result res;
+    sigpoll sp;
     PyObject *out;
     int st;
 
@@ -403,15 +495,19 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
     memset(&opt, 0, sizeof opt);
     memset(&res, 0, sizeof res);
     opt.max_states = max_states;
+    opt.max_dp_bytes = dp_max_bytes;
     opt.fuse = fuse;
     opt.no_fusion_moves = !fusion_moves;
     opt.no_comm_overlap = !comm_overlap;
     opt.dp_max_ops = dp_max_ops;
-    Py_BEGIN_ALLOW_THREADS
+    ctx.cancel = poll_signals;
+    ctx.cancel_ud = &sp;
+    sp.next = mono_s() + MF_PY_POLL_S;
+    sp.ts = PyEval_SaveThread();
     st = mf_graph_check(&ctx, &desc);
     if (st == MF_OK)
         st = mf_plan(&ctx, &desc, &opt, &res);
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(sp.ts);
     if (st != MF_OK) {
         mf_plan_result_free(&ctx, &res);
         return mf_py_raise(&ctx, st);
@@ -425,42 +521,105 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
-                             "fusion_moves", "_dp_max_ops", "comm", "comm_overlap", NULL};
+                             "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
     PyObject *empty = NULL, *out = NULL;
     int fuse = 1, fusion_moves = 1, dp_max_ops = 0;
-    long long max_states = 0;
+    long long max_states = 0, dp_max_bytes = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
-                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &cm, &comm_overlap))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &dp_max_bytes, &cm,
+                                     &comm_overlap))
         return NULL;
-    if (ms != Py_None) {
-        if (PyBool_Check(ms) || !PyLong_Check(ms)) {
-            PyErr_Format(PyExc_TypeError, "max_states must be an int or None, not %.80s", Py_TYPE(ms)->tp_name);
-            return NULL;
-        }
-        max_states = PyLong_AsLongLong(ms);
-        if (max_states == -1 && PyErr_Occurred())
-            return NULL;
-        if (max_states <= 0) {
-            PyErr_SetString(PyExc_ValueError, "max_states must be positive");
-            return NULL;
-        }
-    }
+    if (mf_py_max_states(ms, &max_states) < 0)
+        return NULL;
     if (!(empty = PyTuple_New(0)))
         return NULL;
     mf_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
                     ep) == 0 &&
         (!cm || each_pair(cm, INT32_MAX, "comm", &b, sink_comm) == 0))
-        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops);
+        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
     return out;
+}
+
+/* simulate's order (and groups): ids into order[0..n_ops), group offsets
+ * into gptr; every group non-empty, and with groups given their
+ * concatenation must be the order.  0 or -1 (exception). */
+static int read_schedule(PyObject *order_o, PyObject *groups_o, int32_t n_ops, int32_t *order, int32_t *gptr,
+                         int32_t *n_groups)
+{
+    PyObject *seq = NULL, *grp = NULL;
+    Py_ssize_t i, n, g, k = 0;
+    char name[96];
+    int rc = -1;
+    if (!(seq = as_seq(order_o, "order")))
+        return -1;
+    n = PyTuple_GET_SIZE(seq);
+    if (n != n_ops) {
+        PyErr_Format(PyExc_ValueError, "order has %zd ops but the graph has %d", n, (int)n_ops);
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "order[%zd]", i);
+        if (get_id(PyTuple_GET_ITEM(seq, i), n_ops, name, &order[i]) < 0)
+            goto done;
+        gptr[i] = (int32_t)i;
+    }
+    gptr[n] = (int32_t)n;
+    *n_groups = (int32_t)n;
+    Py_CLEAR(seq);
+    if (groups_o == Py_None)
+        return 0;
+    if (!(seq = as_seq(groups_o, "groups")))
+        return -1;
+    n = PyTuple_GET_SIZE(seq);
+    for (g = 0; g < n; g++) {
+        Py_ssize_t j, m;
+        snprintf(name, sizeof name, "groups[%zd]", g);
+        if (!(grp = as_seq(PyTuple_GET_ITEM(seq, g), name)))
+            goto done;
+        m = PyTuple_GET_SIZE(grp);
+        if (m == 0) {
+            PyErr_Format(PyExc_ValueError, "%s is empty: every group holds at least one op", name);
+            goto done;
+        }
+        if (m > (Py_ssize_t)n_ops - k) {
+            PyErr_Format(PyExc_ValueError, "groups hold more than the graph's %d ops", (int)n_ops);
+            goto done;
+        }
+        gptr[g] = (int32_t)k;
+        for (j = 0; j < m; j++, k++) {
+            int32_t v;
+            snprintf(name, sizeof name, "groups[%zd][%zd]", g, j);
+            if (get_id(PyTuple_GET_ITEM(grp, j), n_ops, name, &v) < 0)
+                goto done;
+            if (v != order[k]) {
+                PyErr_Format(PyExc_ValueError,
+                             "%s is op %d but order[%zd] is op %d: the groups must be consecutive runs of order",
+                             name, (int)v, k, (int)order[k]);
+                goto done;
+            }
+        }
+        Py_CLEAR(grp);
+    }
+    if (k != n_ops) {
+        PyErr_Format(PyExc_ValueError, "groups hold %zd ops but the graph has %d", k, (int)n_ops);
+        goto done;
+    }
+    gptr[n] = (int32_t)k;
+    *n_groups = (int32_t)n;
+    rc = 0;
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(grp);
+    return rc;
 }
 
 static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
@@ -468,14 +627,13 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"ops",     "value_bytes", "order", "groups", "graph_inputs",
                              "graph_outputs", "aliases", NULL};
     PyObject *ops, *vb, *order_o, *groups_o = Py_None, *gi = NULL, *go = NULL, *al = NULL;
-    PyObject *empty = NULL, *out = NULL, *seq = NULL;
+    PyObject *empty = NULL, *out = NULL;
     int32_t *order = NULL, *gptr = NULL;
     int64_t *steps = NULL, *live = NULL, peak = 0;
     int32_t n_groups = 0;
     mf_gbuf b;
     mf_ctx ctx;
     mf_graph_desc desc;
-    Py_ssize_t i, n;
     int st;
     (void)self;
 
@@ -501,64 +659,8 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
         PyErr_NoMemory();
         goto done;
     }
-    if (groups_o == Py_None) {
-        if (!(seq = as_seq(order_o, "order")))
-            goto done;
-        n = PySequence_Fast_GET_SIZE(seq);
-        if (n != desc.n_ops) {
-            PyErr_Format(PyExc_ValueError, "order has %zd ops but the graph has %d", n, (int)desc.n_ops);
-            goto done;
-        }
-        for (i = 0; i < n; i++) {
-            char name[64];
-            snprintf(name, sizeof name, "order[%zd]", i);
-            if (get_id(PySequence_Fast_GET_ITEM(seq, i), desc.n_ops, name, &order[i]) < 0)
-                goto done;
-            gptr[i] = (int32_t)i;
-        }
-        gptr[n] = (int32_t)n;
-        n_groups = (int32_t)n;
-    } else {
-        /* groups: a sequence of op-id lists whose concatenation is the order */
-        Py_ssize_t k = 0, g;
-        if (!(seq = as_seq(groups_o, "groups")))
-            goto done;
-        n = PySequence_Fast_GET_SIZE(seq);
-        for (g = 0; g < n; g++) {
-            char name[64];
-            PyObject *grp;
-            Py_ssize_t j, m;
-            snprintf(name, sizeof name, "groups[%zd]", g);
-            if (!(grp = as_seq(PySequence_Fast_GET_ITEM(seq, g), name)))
-                goto done;
-            m = PySequence_Fast_GET_SIZE(grp);
-            gptr[g] = (int32_t)k;
-            for (j = 0; j < m; j++) {
-                char nm[96];
-                snprintf(nm, sizeof nm, "groups[%zd][%zd]", g, j);
-                if (k >= desc.n_ops) {
-                    PyErr_Format(PyExc_ValueError, "groups hold more than the graph's %d ops", (int)desc.n_ops);
-                    Py_DECREF(grp);
-                    goto done;
-                }
-                if (get_id(PySequence_Fast_GET_ITEM(grp, j), desc.n_ops, nm, &order[k++]) < 0) {
-                    Py_DECREF(grp);
-                    goto done;
-                }
-            }
-            Py_DECREF(grp);
-            if (g >= desc.n_ops) {
-                PyErr_SetString(PyExc_ValueError, "more groups than ops");
-                goto done;
-            }
-        }
-        if (k != desc.n_ops) {
-            PyErr_Format(PyExc_ValueError, "groups hold %zd ops but the graph has %d", k, (int)desc.n_ops);
-            goto done;
-        }
-        gptr[n] = (int32_t)k;
-        n_groups = (int32_t)n;
-    }
+    if (read_schedule(order_o, groups_o, desc.n_ops, order, gptr, &n_groups) < 0)
+        goto done;
     if ((st = mf_simulate(&ctx, &desc, order, gptr, n_groups, &peak, steps, live)) != MF_OK) {
         mf_py_raise(&ctx, st);
         goto done;
@@ -571,7 +673,6 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
         Py_XDECREF(ll);
     }
 done:
-    Py_XDECREF(seq);
     PyMem_RawFree(order);
     PyMem_RawFree(gptr);
     PyMem_RawFree(steps);
@@ -581,14 +682,40 @@ done:
     return out;
 }
 
+/* MemFuse(max_states=) checks its argument here, so plan(), plan_trace()
+ * and the transform accept and reject exactly the same values. */
+static PyObject *py_validate_max_states(PyObject *self, PyObject *arg)
+{
+    long long v;
+    (void)self;
+    if (mf_py_max_states(arg, &v) < 0)
+        return NULL;
+    if (arg == Py_None)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
 static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
-     "plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(), "
-     "max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> dict\n\nPlan the order and fusion groups with the least peak bytes.\n"
-     "_dp_max_ops (tests only): pieces above this many ops count as large for the DP (default 256)."},
+     "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
+     "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
+     "comm_overlap=True)\n"
+     "--\n\n"
+     "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
+     "it in a Plan).\n"
+     "max_states: None or an int in [1, 2**63 - 1].  The DP also stops at a memory budget (256 MiB, "
+     "_dp_max_bytes when > 0), reporting optimal=False.  Ctrl-C raises KeyboardInterrupt.\n"
+     "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "
+     "(default 256); the DP's memory budget in bytes."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
-     "simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()) -> "
-     "(peak, step_bytes, live_after)\n\nScore a schedule with the core's cost model."},
+     "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
+     "aliases=())\n--\n\n"
+     "Score a schedule with the core's cost model; returns (peak, step_bytes, live_after).\n"
+     "order must be a permutation of the ops that keeps every dependency; groups (optional) must be non-empty "
+     "consecutive runs of order.  Otherwise ValueError names the problem."},
+    {"_validate_max_states", (PyCFunction)py_validate_max_states, METH_O,
+     "_validate_max_states($module, max_states, /)\n--\n\n"
+     "max_states as plan() accepts it (None or an int in [1, 2**63 - 1]), else TypeError / ValueError."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -176,10 +176,10 @@ static int proxy_bytes(const cfg_t *c, PyObject *p, PyObject *name, int64_t *out
         return 0;
     if (!(shape = PyObject_GetAttrString(p, "shape")))
         goto done;
-    if (!(seq = PySequence_Fast(shape, "TensorProxy.shape must be a sequence")))
+    if (!(seq = mf_py_tuple(shape, "TensorProxy.shape")))
         goto done;
-    for (i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        PyObject *d = PySequence_Fast_GET_ITEM(seq, i), *val = NULL;
+    for (i = 0; i < PyTuple_GET_SIZE(seq); i++) {
+        PyObject *d = PyTuple_GET_ITEM(seq, i), *val = NULL;
         long long v;
         if (!PyLong_CheckExact(d)) {
             /* a symbolic dimension (IntegerProxy): plan for the value it had when
@@ -331,19 +331,19 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     if ((is_view = contains(c->view_names, symname)) < 0)
         goto done;
     if (!(args = PyObject_GetAttrString(bsym, "flat_proxy_args")) ||
-        !(argseq = PySequence_Fast(args, "flat_proxy_args must be a sequence")))
+        !(argseq = mf_py_tuple(args, "flat_proxy_args")))
         goto done;
     if (!(outs = PyObject_GetAttrString(bsym, "flat_proxy_outs")) ||
-        !(outseq = PySequence_Fast(outs, "flat_proxy_outs must be a sequence")))
+        !(outseq = mf_py_tuple(outs, "flat_proxy_outs")))
         goto done;
-    if (PySequence_Fast_GET_SIZE(outseq) == 0)
+    if (PyTuple_GET_SIZE(outseq) == 0)
         flags |= MF_EFF_ORDERED;
     if (mf_gbuf_begin_op(&w->g, fus) < 0)
         goto nomem;
 
     /* inputs, with read-after-write edges from the storage's last writer */
-    for (i = 0; i < PySequence_Fast_GET_SIZE(argseq); i++) {
-        PyObject *p = PySequence_Fast_GET_ITEM(argseq, i);
+    for (i = 0; i < PyTuple_GET_SIZE(argseq); i++) {
+        PyObject *p = PyTuple_GET_ITEM(argseq, i);
         int32_t v = value_of(w, c, p, 1), rt;
         int is_t;
         if (v < 0)
@@ -362,8 +362,8 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     }
     /* write-after-read: after every earlier reader of each written storage */
     if (flags & MF_EFF_WRITES) {
-        for (i = 0; i < PySequence_Fast_GET_SIZE(argseq); i++) {
-            PyObject *p = PySequence_Fast_GET_ITEM(argseq, i);
+        for (i = 0; i < PyTuple_GET_SIZE(argseq); i++) {
+            PyObject *p = PyTuple_GET_ITEM(argseq, i);
             int32_t v = value_of(w, c, p, 0), rt, e;
             if (v < 0) {
                 if (PyErr_Occurred())
@@ -378,8 +378,8 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         }
     }
     /* outputs */
-    for (i = 0; i < PySequence_Fast_GET_SIZE(outseq); i++) {
-        PyObject *p = PySequence_Fast_GET_ITEM(outseq, i), *name;
+    for (i = 0; i < PyTuple_GET_SIZE(outseq); i++) {
+        PyObject *p = PyTuple_GET_ITEM(outseq, i), *name;
         int32_t v;
         int is_t, known;
         if (!(name = PyObject_GetAttrString(p, "name")))
@@ -600,18 +600,18 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         PyErr_SetString(PyExc_TypeError, "plan_trace: every classification keyword is required");
         return NULL;
     }
-    if (ms != Py_None && (max_states = PyLong_AsLongLong(ms)) == -1 && PyErr_Occurred())
+    if (mf_py_max_states(ms, &max_states) < 0)
         return NULL;
     mf_gbuf_init(&w.g);
     w.prev_ordered = -1;
     if (!(w.ids = PyDict_New()) || !(w.names = PyList_New(0)) || !(ops_list = PyList_New(0)) ||
         !(prologue = PyList_New(0)) || !(epilogue = PyList_New(0)))
         goto done;
-    if (!(seq = PySequence_Fast(bsyms, "bsyms must be a sequence of bound symbols")))
+    if (!(seq = mf_py_tuple(bsyms, "bsyms")))
         goto done;
-    n = PySequence_Fast_GET_SIZE(seq);
+    n = PyTuple_GET_SIZE(seq);
     for (i = 0; i < n; i++) {
-        PyObject *b = PySequence_Fast_GET_ITEM(seq, i), *sym, *sid;
+        PyObject *b = PyTuple_GET_ITEM(seq, i), *sym, *sid;
         int is;
         if (!(sym = PyObject_GetAttrString(b, "sym")))
             goto done;
@@ -647,12 +647,12 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
             if (is < 0 || PyList_Append(prologue, b) < 0)
                 goto done;
             if (!(outs = PyObject_GetAttrString(b, "flat_proxy_outs")) ||
-                !(os = PySequence_Fast(outs, "flat_proxy_outs must be a sequence"))) {
+                !(os = mf_py_tuple(outs, "flat_proxy_outs"))) {
                 Py_XDECREF(outs);
                 goto done;
             }
-            for (k = 0; k < PySequence_Fast_GET_SIZE(os); k++) {
-                PyObject *p = PySequence_Fast_GET_ITEM(os, k);
+            for (k = 0; k < PyTuple_GET_SIZE(os); k++) {
+                PyObject *p = PyTuple_GET_ITEM(os, k);
                 int fr = 0;
                 if (freeable && freeable != Py_None) {
                     PyObject *nm = PyObject_GetAttrString(p, "name");
@@ -743,12 +743,12 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         Py_ssize_t k;
         if (!args)
             goto done;
-        if (!(as = PySequence_Fast(args, "flat_proxy_args must be a sequence"))) {
+        if (!(as = mf_py_tuple(args, "flat_proxy_args"))) {
             Py_DECREF(args);
             goto done;
         }
-        for (k = 0; k < PySequence_Fast_GET_SIZE(as); k++) {
-            int32_t v = value_of(&w, &c, PySequence_Fast_GET_ITEM(as, k), 1);
+        for (k = 0; k < PyTuple_GET_SIZE(as); k++) {
+            int32_t v = value_of(&w, &c, PyTuple_GET_ITEM(as, k), 1);
             if (v < 0) {
                 Py_DECREF(args);
                 Py_DECREF(as);
@@ -773,7 +773,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (fuse && c.epilogue_pair && c.epilogue_pair != Py_None && find_epilogues(&w, &c, ops_list) < 0)
         goto done;
-    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, comm_overlap, 0)))
+    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, comm_overlap, 0, 0)))
         goto done;
     /* regroup: groups[k] = the bound symbols of the k-th planned group */
     order = PyDict_GetItemString(plan, "order");
@@ -826,8 +826,10 @@ done:
 
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
-     "plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, fusible, "
-     "max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True) -> dict\n\nRead a Thunder trace's bound symbols, plan them and regroup them."},
+     "plan_trace($module, /, bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, "
+     "fusible, max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True)\n--\n\n"
+     "Read a Thunder trace's bound symbols, plan them and regroup them; returns a dict.  max_states as in "
+     "plan()."},
     {NULL, NULL, 0, NULL},
 };
 
