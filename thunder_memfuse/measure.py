@@ -67,13 +67,18 @@ def cpu_memory_timeline(fn, *args, **kwargs):
 
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Silence the profiler's native start/stop lines (written by C++ to fd 2)."""
+    """Silence the profiler's native start/stop lines (written by C++ to fd 2,
+    whatever sys.stderr is: a terminal, pytest's capture, a Jupyter kernel's stream)."""
+    fd = 2
     try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no real stderr (captured): nothing to silence
+        os.fstat(fd)
+    except OSError:  # no fd 2 at all: nothing to silence
         yield
         return
-    sys.stderr.flush()
+    try:
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
     saved = os.dup(fd)
     try:
         with open(os.devnull, "w") as devnull:

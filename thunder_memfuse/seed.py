@@ -1,4 +1,10 @@
-"""The main job: the seed comparison (shared/SEED.md), on CPU by default.
+"""The main job: the seed comparison, on CPU by default.
+
+The seed case: N independent paths relu -> matmul -> relu -> matmul, chained
+through one accumulator (10 paths of 256x256 fp32 by default), written twice:
+path by path (the "efficient" order: one path's intermediates live at a time)
+and step by step across all paths (the "inefficient" order, the shape
+Thunder's dataflow fusion gives it: every path's intermediate live at once).
 
     python -m thunder_memfuse.seed [--device cpu|cuda] [--paths 10] [--size 256]
 
@@ -125,7 +131,11 @@ def plan_section(n_paths, nbytes):
     return rows
 
 
-def thunder_section(device, n_paths, size, iters=1):
+def thunder_section(device, n_paths, size, iters=1, time_iters=0):
+    """{(function, variant): {"measured_mib", "trace_mib", "matches_eager", "time_ms"}}:
+    each variant's measured peak above the inputs, Thunder's own estimate on its
+    final trace, whether its result matches eager's, and (time_iters > 0) the
+    median milliseconds per call over time_iters calls (None otherwise)."""
     import torch
 
     import thunder
@@ -155,8 +165,29 @@ def thunder_section(device, n_paths, size, iters=1):
             if kind == "jit":
                 est = trace_peak_bytes(thunder.last_traces(f)[-1]) / MIB
             ok = bool(torch.allclose(out, expected, rtol=1e-4, atol=1e-3))
-            results[(fname, vname)] = dict(measured_mib=peak / MIB, trace_mib=est, matches_eager=ok)
+            results[(fname, vname)] = dict(measured_mib=peak / MIB, trace_mib=est, matches_eager=ok,
+                                           time_ms=_median_ms(f, t0s, a, time_iters, device))
     return results
+
+
+def _median_ms(f, t0s, a, n, device):
+    if n <= 0:
+        return None
+    import statistics
+
+    import torch
+
+    times = []
+    for _ in range(n):
+        args = list(t0s)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        f(args, a)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
 
 
 def print_table(results, device):
