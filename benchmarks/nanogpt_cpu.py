@@ -143,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     ap.add_argument("--variants", nargs="*", default=["thunder", "memfuse (auto)", "memfuse (fuse=True)"],
                     choices=list(PEERS), help="which variants to run (default: Thunder and memfuse)")
+    ap.add_argument("--plot", metavar="PATH", help="also draw peak and step time per variant to PATH "
+                                                    "(thunder_memfuse.plot_comparison; needs matplotlib)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
 
@@ -156,9 +158,11 @@ def main(argv=None):
     print("| variant | compile + first step s | step ms | measured step peak MiB | forward / backward MiB | "
           "trace | planned peak MiB (before -> after) | regions | proven | pass ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    measured = {}
     for name in args.variants:
         jm = PEERS[name]["make"](model)
         r = measure_variant(model, jm, x)
+        measured[name] = r
         head = (f"| {name} | {r['compile_s']:.1f} | {r['time_ms']:.0f} | {r['peak_mib']:.1f} | "
                 f"{r['forward_bytes'] / MIB:.2f} / {r['backward_bytes'] / MIB:.2f} |")
         if not name.startswith("memfuse"):
@@ -169,6 +173,11 @@ def main(argv=None):
                   f"{rep['peak_before_bytes'] / MIB:.2f} -> {rep['peak_after_bytes'] / MIB:.2f} | "
                   f"{rep['regions_after']} | {'yes' if rep['optimal'] else 'no'} ({rep['method']}) | "
                   f"{rep['plan_ms']:.0f} |")
+    if args.plot:
+        tm.plot_comparison(measured, args.plot, measured_by="torch.profiler allocations",
+                           title=f"nanoGPT {args.layers} layers, n_embd {args.embd}, "
+                                 f"{'checkpointed ' if args.checkpoint else ''}training step, CPU")
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -157,3 +157,13 @@ def test_compat_pth_is_silent_without_its_module():
             f"exec({lines[0]!r})\nprint('started')")
     r = _python(code)
     assert r.returncode == 0 and r.stdout.strip() == "started" and r.stderr == "", r.stderr
+
+
+def test_seed_job_draws_its_comparison(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from thunder_memfuse import seed
+
+    assert seed.main(["--paths", "2", "--size", "16", "--plot", str(tmp_path / "seed.png")]) == 0
+    for fname in ("efficient", "inefficient"):
+        assert (tmp_path / f"seed-{fname}.png").stat().st_size > 1000
+    assert "plot: " in capsys.readouterr().out
