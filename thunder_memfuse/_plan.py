@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional, Sequence, Tuple
 
 from . import _C
+
+Op = Tuple[Sequence[int], Sequence[int]]  # (input value ids, output value ids)
+Pair = Tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,8 @@ class Plan:
     order before the moves.
     """
 
-    order: list
-    groups: list
+    order: list[int]
+    groups: list[list[int]]
     peak_bytes: int
     unfused_peak_bytes: int
     baseline_peak_bytes: int
@@ -35,8 +39,10 @@ class Plan:
     fusion_moves: int = 0
 
 
-def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(),
-         max_states=None, fuse=True, epilogues=(), fusion_moves=True) -> Plan:
+def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequence[int] = (),
+         graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (), fusible: Optional[Sequence[bool]] = None,
+         after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
+         epilogues: Sequence[Pair] = (), fusion_moves: bool = True) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -57,7 +63,9 @@ def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fus
     return Plan(**d)
 
 
-def simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()):
+def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int],
+             groups: Optional[Sequence[Sequence[int]]] = None, *, graph_inputs: Sequence[int] = (),
+             graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = ()) -> Tuple[int, list[int], list[int]]:
     """Score a schedule with the core's cost model.
 
     Returns (peak_bytes, step_bytes, live_after): the peak, the memory while
