@@ -142,14 +142,14 @@ def plot_memory_over_time(curves: Mapping[str, tuple[Sequence[float], Sequence[i
     if not curves:
         raise ValueError("plot_memory_over_time: no curves to plot")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = plt.subplots(figsize=(11, 3.4))
     for label, (ts, bs) in curves.items():
         peak = max(bs) if len(bs) else 0
         ax.step(list(ts), [b / MIB for b in bs], where="post", label=f"{label}, measured (peak {peak / MIB:.2f} MiB)")
     ax.set_xlabel("ms since the call started")
     ax.set_ylabel(f"MiB allocated ({measured_by})")
     ax.set_title(title or "measured memory during one call")
-    ax.legend(loc="best", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside: the curves overlap
     return _finish(plt, fig, path)
 
 
