@@ -157,7 +157,7 @@ def report(jfn) -> dict:
 
 TERMS = {
     "peak": "the most bytes live at once above the trace's inputs, in the core's cost model (simulated)",
-    "a -> b": "Thunder's order of the trace as memfuse received it -> memfuse's order and fusion regions",
+    "before -> after": "Thunder's order of the trace as memfuse received it -> memfuse's order and regions",
     "lower bound": "no valid order of this graph can have a smaller peak",
     "regions": "fusion regions: ops that run as one kernel (values made and used inside one never reach memory)",
     "proven optimal": "no valid order of the unfused ops has a smaller peak",
