@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packaging check: build the sdist and, from it, the wheel (python -m build), then
-# install each into its own fresh venv and check there that
+# install each (and the work tree, editable) into its own fresh venv and check there that
 #   1. `import thunder` works as the first import (the compat .pth is in place),
 #   2. a thunder.jit with memfuse gives eager's numbers and a report,
 #   3. `pip uninstall` leaves an interpreter that starts without a word on stderr,
@@ -35,13 +35,14 @@ fresh_venv() {  # fresh_venv DIR: a venv that sees .venv's packages after its ow
     echo "$DEPS" >"$sp/zz_memfuse_check_deps.pth"
 }
 
-check_env() {  # check_env VENV LABEL
+check_env() {  # check_env VENV LABEL [EXPECTED_DIR]: thunder_memfuse must come from EXPECTED_DIR (default site-packages)
     local v=$1 label=$2
-    (cd "$WORK" && "$v/bin/python" - <<'PY'
+    (cd "$WORK" && MEMFUSE_EXPECT_DIR="${3:-site-packages}" "$v/bin/python" - <<'PY'
+import os
 import thunder  # first, before thunder_memfuse: the .pth applied the import shim
 import torch
 import thunder_memfuse as tm
-assert "site-packages" in tm.__file__, tm.__file__
+assert os.environ["MEMFUSE_EXPECT_DIR"] in tm.__file__, tm.__file__
 
 def fn(x, w):
     return torch.relu(x @ w).sum(0)
@@ -69,6 +70,12 @@ fresh_venv "$WORK/v_sdist"
 "$PY" -m pip --python "$WORK/v_sdist/bin/python" install -q --no-deps --no-build-isolation "$SDIST" \
     >"$WORK/sdist_install.log" 2>&1 || { tail -n 40 "$WORK/sdist_install.log"; exit 1; }
 check_env "$WORK/v_sdist" sdist
+
+# editable: the build writes the .pth into the editable wheel too (setup.py)
+fresh_venv "$WORK/v_editable"
+"$PY" -m pip --python "$WORK/v_editable/bin/python" install -q --no-deps --no-build-isolation -e . \
+    >"$WORK/editable_install.log" 2>&1 || { tail -n 40 "$WORK/editable_install.log"; exit 1; }
+check_env "$WORK/v_editable" editable "$(pwd)/thunder_memfuse"
 
 # a .pth left behind without its module (a hand copy, an interrupted uninstall) stays silent
 fresh_venv "$WORK/v_stray"
