@@ -9,6 +9,13 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
+try:  # PEP 660 editable installs (setuptools >= 64)
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # pragma: no cover - old setuptools: no editable wheel to patch
+    editable_wheel = None
+
+PTH = "thunder_memfuse_compat.pth"
+
 
 def _sources():
     out = []
@@ -36,10 +43,46 @@ class build_py_with_pth(build_py):
 
     def run(self):
         super().run()
-        self.copy_file("thunder_memfuse_compat.pth", os.path.join(self.build_lib, "thunder_memfuse_compat.pth"))
+        self.copy_file(PTH, os.path.join(self.build_lib, PTH))
 
     def get_outputs(self, include_bytecode=True):
-        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, "thunder_memfuse_compat.pth")]
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
+
+
+class _StrategyWithPth:
+    """Wraps setuptools' editable strategy: writes its files, then our .pth.
+
+    An editable wheel holds only setuptools' own .pth and finder, so without
+    this `import thunder` first fails after `pip install -e .`.  Our .pth sorts
+    after setuptools' `__editable__.*.pth`, whose finder (or path entry) makes
+    _thunder_memfuse_boot importable by the time our line runs.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, wheel, files, mapping):
+        out = self.inner(wheel, files, mapping)
+        with open(PTH, "rb") as f:
+            wheel.writestr(PTH, f.read())
+        return out
+
+    def __enter__(self):
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+
+cmdclass = {"build_py": build_py_with_pth}
+if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
+
+    class editable_wheel_with_pth(editable_wheel):
+        def _select_strategy(self, *args, **kwargs):
+            return _StrategyWithPth(super()._select_strategy(*args, **kwargs))
+
+    cmdclass["editable_wheel"] = editable_wheel_with_pth
 
 
 setup(
@@ -52,5 +95,5 @@ setup(
             libraries=["dl"],
         )
     ],
-    cmdclass={"build_py": build_py_with_pth},
+    cmdclass=cmdclass,
 )

@@ -1,4 +1,4 @@
-"""The seed case (shared/SEED.md, Thunder issue #1337) on a GPU: peak memory and time per call.
+"""The seed case (thunder_memfuse/seed.py, Thunder issue #1337) on a GPU: peak memory and time per call.
 
     python benchmarks/seed_gpu.py [--out report.json] [--paths 10] [--size 256] [--iters 20]
 

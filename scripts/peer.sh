@@ -10,7 +10,7 @@
 #   bash scripts/peer.sh -x --lf ...     # extra arguments go to both pytest runs
 #
 # Environment:
-#   PEER_PYTHON   interpreter (default: .venv/bin/python from scripts/setup.sh)
+#   PEER_PYTHON   interpreter (default: .venv/bin/python from scripts/setup.sh test)
 #   PEER_OUT      output folder (default: out/peer): <mode>.log, <mode>.xml, <mode>.json, diff.txt
 #   PEER_TIMEOUT  per-test timeout in seconds (default 300)
 #   PEER_STRICT=1 MemFuse(strict=True): a pass failure fails the test instead of a fallback warning
@@ -32,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PEER_PYTHON:-.venv/bin/python}
-[ -z "${PEER_PYTHON:-}" ] && bash scripts/setup.sh  # the default interpreter: set up .venv first
+[ -z "${PEER_PYTHON:-}" ] && bash scripts/setup.sh test  # the default interpreter: set up .venv first
 OUT=${PEER_OUT:-out/peer}
 TIMEOUT=${PEER_TIMEOUT:-300}
 MODES=${PEER_MODES:-baseline memfuse}

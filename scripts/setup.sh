@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install thunder_memfuse with the pinned test stack.
-# Idempotent: a second run only rebuilds the extension.
+# Create .venv (if missing) and install thunder_memfuse (editable) with what a job needs:
+#
+#   bash scripts/setup.sh          runtime only: lightning-thunder 0.2.6 and the CPU build of torch 2.13.0
+#   bash scripts/setup.sh test     adds the [test] extra: pytest, matplotlib, nbclient/ipykernel for the
+#                                  notebooks, Thunder's test dependencies, and the NVIDIA NVRTC/cuBLAS
+#                                  wheels whose headers and symbol tables tests/test_cublaslt.py checks
+#
+# Idempotent: a second run only rebuilds the extension.  The build places
+# thunder_memfuse_compat.pth in site-packages (setup.py), so `import thunder` works
+# first in .venv, and `pip uninstall thunder_memfuse` removes it again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -9,8 +17,8 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch 2.13.0+cpu is the pinned build (see docs/ARCHITECTURE.md "Pinned stack").
-.venv/bin/python -m pip install --quiet -e ".[test]"
-# An editable install does not place top-level .pth files; a wheel install does.
-# Put the Thunder import shim's .pth in place so `import thunder` works first too.
-cp thunder_memfuse_compat.pth "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+# torch 2.13.0+cpu is the pinned build (see docs/ARCHITECTURE.md "Pinned stack"); pinning it here
+# keeps pip from choosing a newer CUDA build of torch.
+target="."
+[ "${1:-}" = test ] && target=".[test]"
+.venv/bin/python -m pip install --quiet -e "$target" "torch==2.13.0"

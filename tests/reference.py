@@ -1,6 +1,6 @@
 """An independent Python reference of the cost model and of the optimum.
 
-Written from shared/DESIGN.md's cost model, separately from the C core, so the
+Written from the cost model in docs/ARCHITECTURE.md, separately from the C core, so the
 tests compare two implementations.  Small graphs only.
 """
 from __future__ import annotations

@@ -254,7 +254,7 @@ def test_report_and_timeline(tmp_path):
     assert fwd["peak_after_bytes"] == 3 * 64 * 64 * 4
     assert fwd["peak_before_bytes"] > fwd["peak_after_bytes"]
     assert fwd["optimal"] is True
-    assert fwd["largest_live_at_peak"] and all(b > 0 for _, b in fwd["largest_live_at_peak"])
+    assert fwd["largest_live_at_peak"] and all(b > 0 for _, b, _ in fwd["largest_live_at_peak"])
     text = tm.format_report(rep)
     assert "forward: peak" in text and "proven optimal" in text
     png = tmp_path / "timeline.png"

@@ -10,8 +10,12 @@ from typing import Any
 DEFAULT_MAX_STATES: int
 EFF_ORDERED: int
 EFF_WRITES: int
+EFF_COMM: int
+EFF_WAIT: int
 
-class KernelCompileError(RuntimeError):
+class MemFuseError(RuntimeError): ...
+
+class KernelCompileError(MemFuseError):
     log: str
     source: str
 

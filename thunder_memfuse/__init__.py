@@ -6,23 +6,27 @@
 
 `plan()` gives direct access to the C scheduler for graphs of your own.
 Thunder-dependent names (memfuse, MemFuse, report, plot_timeline) are loaded
-lazily, so `plan()` works without importing Thunder.
+lazily, so `plan()` works without importing Thunder; the plots need matplotlib
+(the `[plot]` extra).  Errors derive from MemFuseError, warnings are
+MemFuseWarning (thunder_memfuse.errors).
 """
 import _thunder_memfuse_boot
 
 _thunder_memfuse_boot.apply()
 
 from ._plan import Plan, plan, simulate  # noqa: E402
+from .errors import KernelCompileError, MemFuseError, MemFuseWarning  # noqa: E402
 
 __all__ = ["Plan", "plan", "simulate", "memfuse", "MemFuse", "report", "format_report", "plot_timeline",
-           "cuda_status"]
+           "plot_comparison", "cuda_status", "MemFuseError", "MemFuseWarning", "KernelCompileError"]
 __version__ = "0.1.0"
 
 _LAZY = {
     "memfuse": ("thunder_memfuse.transform", "memfuse"),
     "MemFuse": ("thunder_memfuse.transform", "MemFuse"),
     "report": ("thunder_memfuse._report", "report"),
-    "plot_timeline": ("thunder_memfuse._report", "plot_timeline"),
+    "plot_timeline": ("thunder_memfuse.plot", "plot_timeline"),
+    "plot_comparison": ("thunder_memfuse.plot", "plot_comparison"),
     "format_report": ("thunder_memfuse._report", "format_report"),
     "cuda_status": ("thunder_memfuse.kernels", "cuda_status"),
 }

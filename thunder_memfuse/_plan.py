@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional, Sequence, Tuple
 
 from . import _C
+
+Op = Tuple[Sequence[int], Sequence[int]]  # (input value ids, output value ids)
+Pair = Tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -27,8 +31,8 @@ class Plan:
     csrc/core/mf_comm.c), within the planned peaks.
     """
 
-    order: list
-    groups: list
+    order: list[int]
+    groups: list[list[int]]
     peak_bytes: int
     unfused_peak_bytes: int
     baseline_peak_bytes: int
@@ -40,8 +44,11 @@ class Plan:
     comm_moves: int = 0
 
 
-def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, after=(),
-         max_states=None, fuse=True, epilogues=(), fusion_moves=True, comm=(), comm_overlap=True) -> Plan:
+def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequence[int] = (),
+         graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (), fusible: Optional[Sequence[bool]] = None,
+         after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
+         epilogues: Sequence[Pair] = (), fusion_moves: bool = True, comm: Sequence[Pair] = (),
+         comm_overlap: bool = True) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -71,7 +78,9 @@ def plan(ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fus
     return Plan(**d)
 
 
-def simulate(ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), aliases=()):
+def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int],
+             groups: Optional[Sequence[Sequence[int]]] = None, *, graph_inputs: Sequence[int] = (),
+             graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = ()) -> Tuple[int, list[int], list[int]]:
     """Score a schedule with the core's cost model.
 
     order: every op once, keeping every dependency.  groups (optional): lists

@@ -1,8 +1,9 @@
-"""What memfuse did to a jitted function: report() and plot_timeline().
+"""What memfuse did to a jitted function: report() and format_report().
 
-Both read the `_memfuse_info` memfuse leaves on each trace it returns (the
-plan and the graph it planned), and score schedules with the C core's
-simulator (thunder_memfuse.simulate), so the figures are the planner's own.
+Both (and thunder_memfuse.plot.plot_timeline) read the `_memfuse_info` memfuse
+leaves on each trace it returns (the plan and the graph it planned), and score
+schedules with the C core's simulator (thunder_memfuse.simulate), so the
+figures are the planner's own.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from . import _plan
 
 
 def _memfuse_traces(jfn):
+    """{"forward"/"backward": (trace, info)} for the last traces memfuse returned."""
     import thunder
 
     out = {}
@@ -21,8 +23,36 @@ def _memfuse_traces(jfn):
         for t in reversed(traces):
             info = getattr(t, "_memfuse_info", None)
             if info is not None:
-                out[kind] = info
+                out[kind] = (t, info)
                 break
+    return out
+
+
+def _origins(trace):
+    """{proxy name: "op at file:line"} for what the trace's symbols produce, from
+    the source position Thunder records on each bound symbol (the user's line in a
+    forward; backward symbols carry none, so they get the op's name only)."""
+    import os
+
+    out = {}
+
+    def visit(b, outer=None):
+        line = None
+        if b.source_filename and b.source_positions is not None:
+            line = f"{os.path.basename(b.source_filename)}:{b.source_positions.lineno}"
+        subs = getattr(b, "subsymbols", ()) or ()
+        if getattr(b.sym, "is_fusion", False) and subs:
+            for sb in subs:  # a region: name each value by the op inside that made it
+                visit(sb, b.sym.name)
+            return
+        where = ", ".join(x for x in (b.sym.name, line, f"in {outer}" if outer else None) if x)
+        for o in b.flat_proxy_outs:
+            name = getattr(o, "name", None)
+            if name is not None:
+                out.setdefault(name, where)
+
+    for b in trace.bound_symbols:
+        visit(b)
     return out
 
 
@@ -37,7 +67,7 @@ def _schedules(info):
 
 
 def _largest_live_at_peak(info, step_bytes, top=5):
-    """The largest storages live while the peak step runs (name, bytes)."""
+    """The largest storages live while the peak step runs [(proxy name, bytes)]."""
     g, plan, names = info["graph"], info["plan"], info["names"]
     if not step_bytes:
         return []
@@ -112,12 +142,29 @@ def _collectives(info):
 
 
 def report(jfn) -> dict:
-    """Per trace ("forward", "backward"): peak before/after, regions before/after,
-    proven optimal or not, the largest tensors live at the peak, and per
-    asynchronous collective its position before and after memfuse."""
+    """What memfuse did to each trace of a jitted function that has run once.
+
+    Returns {"forward": {...}, "backward": {...}} (the backward only when one was
+    traced).  Each holds peaks in bytes above the inputs (see format_report for
+    what each term means): peak_before_bytes, peak_after_bytes,
+    unfused_peak_bytes, lower_bound_bytes; regions_before / regions_after (fusion
+    regions); ops; optimal, method, states, fusion_moves (how the order was
+    found); comm_moves and collectives (per asynchronous collective, its op
+    position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors; and
+    largest_live_at_peak: [(proxy name, bytes, where)], where names the op that
+    made the tensor and, when Thunder recorded it, the user's source line
+    ("mul, model.py:42"; for a backward's saved tensor, the forward's line).
+    """
     out = {}
-    for kind, info in _memfuse_traces(jfn).items():
+    traces = _memfuse_traces(jfn)
+    fwd_origins = _origins(traces["forward"][0]) if "forward" in traces else {}
+    for kind, (trace, info) in traces.items():
         plan = info["plan"]
+        origins = _origins(trace)
+        if kind == "backward":  # saved tensors keep their forward names: the forward knows their line
+            for k, v in fwd_origins.items():
+                if "," not in origins.get(k, ""):
+                    origins[k] = f"saved: {v}"
         (_, _, _), (peak_after, steps_after, _) = _schedules(info)
         out[kind] = {
             "peak_before_bytes": plan["baseline_peak_bytes"],
@@ -133,7 +180,8 @@ def report(jfn) -> dict:
             "fusion_moves": plan.get("fusion_moves", 0),
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
-            "largest_live_at_peak": _largest_live_at_peak(info, steps_after),
+            "largest_live_at_peak": [(name, b, origins.get(name, "input"))
+                                     for name, b in _largest_live_at_peak(info, steps_after)],
             "comm_moves": plan.get("comm_moves", 0),
             "collectives": _collectives(info),
         }
@@ -142,51 +190,70 @@ def report(jfn) -> dict:
     return out
 
 
-def format_report(rep: dict) -> str:
+TERMS = {
+    "peak": "the most bytes live at once above the trace's inputs, in the core's cost model (simulated)",
+    "before -> after": "Thunder's order of the trace as memfuse received it -> memfuse's order and regions",
+    "lower bound": "no valid order of this graph can have a smaller peak",
+    "regions": "fusion regions: ops that run as one kernel (values made and used inside one never reach memory)",
+    "proven optimal": "no valid order of the unfused ops has a smaller peak",
+    "states": "states the exact dynamic program explored (0: no search was needed)",
+}
+METHODS = {  # csrc/core/mf_core.h, what mf_plan_result.method says
+    "lower-bound": "a heuristic order reached the lower bound, so it is optimal without search",
+    "dp": "the exact dynamic program over the graph's parallel paths found the order",
+    "dp-partial": "the dynamic program improved the order but hit its state cap (not proven)",
+    "input": "Thunder's own order was kept (no candidate beat it)",
+    "greedy": "a greedy list scheduler (least net change of live bytes) gave the order",
+    "greedy-peak": "a greedy list scheduler (least bytes allocated) gave the order",
+    "dfs": "a depth-first 'finish what you started' order",
+    "pieces": "per independent piece of the graph, the best of the heuristics",
+    "liu": "Liu's hill/valley merging of parallel chains gave the order of at least one piece",
+    "none": "nothing to plan (an empty graph)",
+}
+EXTRA_TERMS = {
+    "fusion-aware moves": "single ops moved next to a region afterwards because that lowers the fused peak",
+    "live at peak": "the largest tensors allocated while the peak step runs, with the op that made them "
+                    "and, where Thunder recorded it, the user's source line",
+}
+
+
+def format_report(rep: dict, *, explain: bool = True) -> str:
+    """Readable text of report(jfn): one line per trace, the fusion executors
+    memfuse replaced, and the largest tensors live at the peak, each named by its
+    proxy, the op that made it and (where Thunder recorded it) the user's
+    source line.  explain=True (default) adds a short legend of the terms used:
+    peak, lower bound, regions, proven optimal, states, and the method that
+    produced each order (lower-bound, dp, input, greedy, liu, ...).
+
+    Example::
+
+        print(thunder_memfuse.format_report(thunder_memfuse.report(jfn)))
+    """
     lines = []
     for kind, r in rep.items():
         lines.append(
-            f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB, "
+            f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB "
+            f"(lower bound {r['lower_bound_bytes'] / 2**20:.2f}), "
             f"regions {r['regions_before']} -> {r['regions_after']}, "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
             + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
         )
         if r.get("replaced_executors"):
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
-        for name, b in r["largest_live_at_peak"]:
-            lines.append(f"    live at peak: {name} {b / 2**20:.2f} MiB")
+        for item in r["largest_live_at_peak"]:
+            name, b = item[0], item[1]
+            where = f" ({item[2]})" if len(item) > 2 and item[2] else ""
+            lines.append(f"    live at peak: {name} {b / 2**20:.2f} MiB{where}")
         for c in r.get("collectives", ()):
             wait = "" if c["wait_before"] is None else f", its wait {c['wait_before']} -> {c['wait_after']}"
             lines.append(f"    collective {c['name']}: op {c['before']} -> {c['after']}{wait}")
+    if explain and rep:
+        lines.append("terms:")
+        lines += [f"    {t}: {text}" for t, text in TERMS.items()]
+        for m in sorted({r["method"] for r in rep.values()}):
+            lines.append(f"    {m}: {METHODS.get(m, 'the planner rung that produced the order')}")
+        if any(r.get("fusion_moves") for r in rep.values()):
+            lines.append(f"    fusion-aware moves: {EXTRA_TERMS['fusion-aware moves']}")
+        if any(r["largest_live_at_peak"] for r in rep.values()):
+            lines.append(f"    live at peak: {EXTRA_TERMS['live at peak']}")
     return "\n".join(lines)
-
-
-def plot_timeline(jfn, path: str) -> str:
-    """Draw live bytes over the schedule, input order against memfuse's, to a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    traces = _memfuse_traces(jfn)
-    if not traces:
-        raise ValueError("plot_timeline: this function has no trace transformed by memfuse")
-    fig, axes = plt.subplots(len(traces), 1, figsize=(9, 3.2 * len(traces)), squeeze=False)
-    for ax, (kind, info) in zip(axes[:, 0], traces.items()):
-        (pb, sb, _), (pa, sa, _) = _schedules(info)
-        mib = float(1 << 20)
-        ax.step(range(len(sb)), [b / mib for b in sb], where="post", label=f"input order (peak {pb / mib:.2f} MiB)")
-        # x for groups: the op index where each group starts, so both curves share an axis
-        xs, k = [], 0
-        for grp in info["plan"]["groups"]:
-            xs.append(k)
-            k += len(grp)
-        ax.step(xs, [b / mib for b in sa], where="post", label=f"memfuse (peak {pa / mib:.2f} MiB)")
-        ax.set_title(f"{kind}: memory while each op runs")
-        ax.set_xlabel("op in schedule")
-        ax.set_ylabel("MiB above inputs")
-        ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

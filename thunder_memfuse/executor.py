@@ -10,12 +10,13 @@ _del_last_used dropping every intermediate as soon as it is dead.
 from __future__ import annotations
 
 import functools
-import warnings
 from inspect import Parameter, Signature
 
 from thunder.core import prims
 from thunder.core.trace import TraceCtx
 from thunder.executors.passes import _del_last_used
+
+from .errors import warn as _warn
 
 
 def _fallback_callable(name, bsyms, inputs, outputs):
@@ -174,7 +175,7 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
             state["failed"] = True
         if loud:
             what = "runs" if for_good else "call runs"
-            warnings.warn(f"memfuse: region {name} {what} on the fallback path: {message}", RuntimeWarning)
+            _warn(f"memfuse: region {name} {what} on the fallback path: {message}")
         return fallback(*args)
 
     run.__name__ = name

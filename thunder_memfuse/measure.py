@@ -3,8 +3,10 @@
 - cpu_peak_bytes(fn, *args): the peak of real CPU allocations during one call,
   above what was live before it, from torch.profiler's allocation events
   (each carries its size; the running sum's maximum is the peak).
-- cuda_peak_bytes(fn, *args): torch.cuda.max_memory_allocated around one call,
-  exactly as shared/SEED.md measures (warm-up, gc, empty_cache, reset).
+- cpu_memory_timeline(fn, *args): the same events as a curve, live bytes over
+  the call's wall time (for thunder_memfuse.plot.plot_memory_over_time).
+- cuda_peak_bytes(fn, *args): torch.cuda.max_memory_allocated around one call
+  (warm-up, gc, empty_cache, reset, call: the seed case's own measurement).
 - trace_peak_bytes(trace): Thunder's own estimator on a final trace
   (thunder.examine.memory_calculation.get_alloc_memory), minus the arguments
   it counts, so that it is the peak above the inputs.
@@ -17,8 +19,9 @@ import os
 import sys
 
 
-def cpu_peak_bytes(fn, *args, **kwargs):
-    """(peak bytes above the live set at the call, result) for one call of fn on CPU."""
+def _cpu_allocation_events(fn, args, kwargs):
+    """(sorted [(time ns, signed bytes)], result): the profiler's CPU allocation
+    events of one call (a free carries a negative size)."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -35,6 +38,12 @@ def cpu_peak_bytes(fn, *args, **kwargs):
     for root in prof.profiler.kineto_results.experimental_event_tree():
         walk(root)
     sizes.sort(key=lambda t: t[0])
+    return sizes, out
+
+
+def cpu_peak_bytes(fn, *args, **kwargs):
+    """(peak bytes above the live set at the call, result) for one call of fn on CPU."""
+    sizes, out = _cpu_allocation_events(fn, args, kwargs)
     cur = peak = 0
     for _, s in sizes:
         cur += s
@@ -42,15 +51,34 @@ def cpu_peak_bytes(fn, *args, **kwargs):
     return peak, out
 
 
+def cpu_memory_timeline(fn, *args, **kwargs):
+    """(times_ms, live_bytes, result) for one call of fn on CPU: bytes allocated
+    above the live set at the call, after each allocation or free, against
+    milliseconds since the first event.  Measured (torch.profiler), not simulated."""
+    sizes, out = _cpu_allocation_events(fn, args, kwargs)
+    t0 = sizes[0][0] if sizes else 0
+    times, live, cur = [0.0], [0], 0
+    for t, s in sizes:
+        cur += s
+        times.append((t - t0) / 1e6)
+        live.append(cur)
+    return times, live, out
+
+
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Silence the profiler's native start/stop lines (written by C++ to fd 2)."""
+    """Silence the profiler's native start/stop lines (written by C++ to fd 2,
+    whatever sys.stderr is: a terminal, pytest's capture, a Jupyter kernel's stream)."""
+    fd = 2
     try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no real stderr (captured): nothing to silence
+        os.fstat(fd)
+    except OSError:  # no fd 2 at all: nothing to silence
         yield
         return
-    sys.stderr.flush()
+    try:
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
     saved = os.dup(fd)
     try:
         with open(os.devnull, "w") as devnull:

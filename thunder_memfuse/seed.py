@@ -1,4 +1,10 @@
-"""The main job: the seed comparison (shared/SEED.md), on CPU by default.
+"""The main job: the seed comparison, on CPU by default.
+
+The seed case: N independent paths relu -> matmul -> relu -> matmul, chained
+through one accumulator (10 paths of 256x256 fp32 by default), written twice:
+path by path (the "efficient" order: one path's intermediates live at a time)
+and step by step across all paths (the "inefficient" order, the shape
+Thunder's dataflow fusion gives it: every path's intermediate live at once).
 
     python -m thunder_memfuse.seed [--device cpu|cuda] [--paths 10] [--size 256]
 
@@ -125,7 +131,11 @@ def plan_section(n_paths, nbytes):
     return rows
 
 
-def thunder_section(device, n_paths, size, iters=1):
+def thunder_section(device, n_paths, size, iters=1, time_iters=0):
+    """{(function, variant): {"measured_mib", "trace_mib", "matches_eager", "time_ms"}}:
+    each variant's measured peak above the inputs, Thunder's own estimate on its
+    final trace, whether its result matches eager's, and (time_iters > 0) the
+    median milliseconds per call over time_iters calls (None otherwise)."""
     import torch
 
     import thunder
@@ -155,8 +165,29 @@ def thunder_section(device, n_paths, size, iters=1):
             if kind == "jit":
                 est = trace_peak_bytes(thunder.last_traces(f)[-1]) / MIB
             ok = bool(torch.allclose(out, expected, rtol=1e-4, atol=1e-3))
-            results[(fname, vname)] = dict(measured_mib=peak / MIB, trace_mib=est, matches_eager=ok)
+            results[(fname, vname)] = dict(measured_mib=peak / MIB, trace_mib=est, matches_eager=ok,
+                                           time_ms=_median_ms(f, t0s, a, time_iters, device))
     return results
+
+
+def _median_ms(f, t0s, a, n, device):
+    if n <= 0:
+        return None
+    import statistics
+
+    import torch
+
+    times = []
+    for _ in range(n):
+        args = list(t0s)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        f(args, a)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
 
 
 def print_table(results, device):
@@ -170,6 +201,26 @@ def print_table(results, device):
               f"{'matches eager' if r['matches_eager'] else 'DIFFERS'} |")
 
 
+def plot_results(results, device, n_paths, size, path):
+    """One comparison figure per function (thunder_memfuse.plot.plot_comparison), saved
+    to path with -<function> before the suffix; returns the paths written."""
+    import os
+
+    from .plot import plot_comparison
+
+    root, ext = os.path.splitext(path)
+    written = []
+    for fname in FUNCTIONS:
+        rows = {v: {"peak_mib": r["measured_mib"], "time_ms": r.get("time_ms")}
+                for (f, v), r in results.items() if f == fname}
+        out = f"{root}-{fname}{ext or '.png'}"
+        plot_comparison(rows, out, title=f"seed, {fname} order: {n_paths} paths of {size}x{size} on {device}",
+                        measured_by="max_memory_allocated" if device == "cuda" else "torch.profiler allocations")
+        written.append(out)
+        print(f"plot: {out}")
+    return written
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -177,15 +228,22 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--plan-only", action="store_true", help="only plan the seed graph (no Thunder)")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--plot", metavar="PATH",
+                    help="also draw each function's peak and time per variant to PATH (needs matplotlib: "
+                         "the [plot] extra); PATH gets -efficient / -inefficient before its suffix")
+    ap.add_argument("--time-iters", type=int, default=0, help="also time each variant: median of N calls")
     args = ap.parse_args(argv)
     nbytes = args.size * args.size * 4
     report = {"plan": plan_section(args.paths, nbytes)}
     if not args.plan_only:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # Thunder's optional-executor warnings
-            results = thunder_section(args.device, args.paths, args.size)
+            results = thunder_section(args.device, args.paths, args.size,
+                                      time_iters=args.time_iters or (3 if args.plot else 0))
         print_table(results, args.device)
         report["run"] = {f"{k[0]}/{k[1]}": v for k, v in results.items()}
+        if args.plot:
+            plot_results(results, args.device, args.paths, args.size, args.plot)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

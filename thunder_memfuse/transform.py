@@ -1,19 +1,19 @@
 """The memfuse Thunder transform: trace in, regrouped bound symbols out.
 
 Thunder calls transform_trace_post_optimization with each final trace (the
-forward, then the backward; shared/THUNDER_NOTES.md).  We:
+forward, then the backward; docs/ARCHITECTURE.md).  We:
   1. hand the bound symbols to the C reader/planner (csrc/python/trace.c),
   2. rebuild the trace: prologue, then one bound symbol per planned group
      (a fusion bound symbol for groups of two or more ops), then the return,
   3. let Thunder's own del_last_used place the dels (and the backward's
      collection clears) for the new order.
-Any failure leaves the user's trace unchanged with a RuntimeWarning, or raises
-with MemFuse(strict=True).
+Any failure leaves the user's trace unchanged with a MemFuseWarning (a
+RuntimeWarning, at the user's line), or raises MemFuseError with
+MemFuse(strict=True).
 """
 from __future__ import annotations
 
 import time
-import warnings
 
 from thunder.core.compile_data import get_compile_data
 from thunder.core.symbol import BoundSymbol, Symbol
@@ -25,6 +25,7 @@ from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
 from . import _C, _thunder
+from .errors import MemFuseError, warn as _warn
 from .executor import is_cuda_gemm, make_region_callable
 
 _BACKENDS = ("auto", "cuda", "cpu")
@@ -49,8 +50,8 @@ _BACKENDS = ("auto", "cuda", "cpu")
 GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
 
 
-class MemFuseError(RuntimeError):
-    """Raised by MemFuse(strict=True) when the pass cannot run on a trace."""
+# MemFuseError: raised by MemFuse(strict=True) when the pass cannot run on a trace
+# (the C binding's base error, thunder_memfuse.errors).
 
 
 class MemFuse(Transform):
@@ -119,8 +120,7 @@ class MemFuse(Transform):
         except Exception as e:  # the compilation goes on with its executors
             if self.strict:
                 raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
-            warnings.warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}", RuntimeWarning,
-                          stacklevel=2)
+            _warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}")
         return prologue_trace, computation_trace, epilogue_trace
 
     def transform_trace_post_optimization(self, computation_trace, **kwargs):
@@ -129,11 +129,7 @@ class MemFuse(Transform):
         except Exception as e:  # never make the user's program wrong: keep the trace
             if self.strict:
                 raise MemFuseError(f"memfuse failed on trace {_trace_name(computation_trace)!r}: {e}") from e
-            warnings.warn(
-                f"memfuse left trace {_trace_name(computation_trace)!r} unchanged: {type(e).__name__}: {e}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            _warn(f"memfuse left trace {_trace_name(computation_trace)!r} unchanged: {type(e).__name__}: {e}")
             return computation_trace
 
     # -------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
  * mf_core.h -- public interface of the thunder_memfuse C core.
  *
  * The core plans the order and fusion grouping of a dataflow graph so that the
- * peak of live bytes is minimal (shared/DESIGN.md, docs/ARCHITECTURE.md).
+ * peak of live bytes is minimal (docs/ARCHITECTURE.md).
  * Pure C99: no CPython API, no CUDA.  Every function returns an int status
  * (MF_OK == 0) and writes results through out-parameters; on failure the
  * message is in ctx->err.  All memory goes through ctx->alloc, so tests can

@@ -842,14 +842,17 @@ static PyMethodDef cuda_methods[] = {
 
 int mf_py_cuda_exec(PyObject *module)
 {
-    PyObject *exc = NULL;
+    PyObject *exc = NULL, *base = NULL;
     int rc = -1;
     if (PyModule_AddFunctions(module, cuda_methods) < 0)
+        goto error;
+    base = PyObject_GetAttrString(module, "MemFuseError"); /* module.c adds it first */
+    if (!base)
         goto error;
     exc = PyErr_NewExceptionWithDoc(
         "thunder_memfuse._C.KernelCompileError",
         "A generated kernel did not compile; .log holds the NVRTC log, .source the source.",
-        PyExc_RuntimeError, NULL);
+        base, NULL);
     if (!exc)
         goto error;
     if (PyModule_AddObjectRef(module, "KernelCompileError", exc) < 0)
@@ -857,5 +860,6 @@ int mf_py_cuda_exec(PyObject *module)
     rc = 0;
 error:
     Py_XDECREF(exc);
+    Py_XDECREF(base);
     return rc;
 }

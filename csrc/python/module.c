@@ -6,11 +6,33 @@
  * cuda_py.c (CUDA loader, code generator, NVRTC, cuBLAS).  No static
  * PyObject globals: what a part needs lives in its own module state or is
  * looked up per call.
+ *
+ * MemFuseError (a RuntimeError) is the base of every exception the package
+ * defines: the binding's own (internal errors, KernelCompileError) and the
+ * Python side's (thunder_memfuse.MemFuseError is this type).  Bad input stays
+ * ValueError / TypeError.
  */
 #include "mf_py.h"
 
+static int add_base_error(PyObject *m)
+{
+    int rc;
+    PyObject *exc = PyErr_NewExceptionWithDoc(
+        "thunder_memfuse.MemFuseError",
+        "Base class of thunder_memfuse's errors: internal failures of the C core, kernels that\n"
+        "do not compile (KernelCompileError), and MemFuse(strict=True) refusing a trace.",
+        PyExc_RuntimeError, NULL);
+    if (!exc)
+        return -1;
+    rc = PyModule_AddObjectRef(m, "MemFuseError", exc);
+    Py_DECREF(exc);
+    return rc;
+}
+
 static int mf_exec(PyObject *m)
 {
+    if (add_base_error(m) < 0)
+        return -1;
     if (mf_py_plan_exec(m) < 0)
         return -1;
     if (mf_py_trace_exec(m) < 0)

@@ -55,9 +55,20 @@ PyObject *mf_py_raise(const mf_ctx *ctx, int status)
     case MF_ECYCLE:
         PyErr_SetString(PyExc_ValueError, ctx->err);
         return NULL;
-    default:
-        PyErr_Format(PyExc_RuntimeError, "thunder_memfuse internal error (status %d): %s", status, ctx->err);
+    default: {
+        /* thunder_memfuse._C.MemFuseError (module.c), looked up per call: errors are rare and
+         * the binding keeps no static PyObject globals; RuntimeError, its base, if that fails */
+        PyObject *type = NULL, *mod = PyImport_ImportModule("thunder_memfuse._C");
+        if (mod) {
+            type = PyObject_GetAttrString(mod, "MemFuseError");
+            Py_DECREF(mod);
+        }
+        PyErr_Clear();
+        PyErr_Format(type ? type : PyExc_RuntimeError, "thunder_memfuse internal error (status %d): %s", status,
+                     ctx->err);
+        Py_XDECREF(type);
         return NULL;
+    }
     }
 }
 
