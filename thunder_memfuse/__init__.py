@@ -24,7 +24,7 @@ _LAZY = {
     "report": ("thunder_memfuse._report", "report"),
     "plot_timeline": ("thunder_memfuse._report", "plot_timeline"),
     "format_report": ("thunder_memfuse._report", "format_report"),
-    "cuda_status": ("thunder_memfuse.kernels", "cuda_status"),
+    "cuda_status": ("thunder_memfuse.regions.nvrtc", "cuda_status"),
 }
 
 

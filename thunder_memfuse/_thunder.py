@@ -104,7 +104,7 @@ def _is_collective(bsym) -> bool:
 @functools.lru_cache(maxsize=1)
 def _fusible_predicate():
     try:
-        from .kernels import fusible_bsym
+        from .regions.nvrtc import fusible_bsym
     except Exception:  # the code generator is unavailable: nothing is fusible
         return lambda bsym: False
     return fusible_bsym
@@ -116,9 +116,9 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     freeable: names of prologue tensors the trace frees after their last use
     (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
-    executor.epilogue_pair; trace.c NOTE [epilogue candidates])."""
+    regions.nvrtc.epilogue_pair; trace.c NOTE [epilogue candidates])."""
     if epilogue_pair is None:
-        from .executor import epilogue_pair
+        from .regions.nvrtc import epilogue_pair
     return _C.plan_trace(
         bsyms,
         tensor_type=TensorProxy,
