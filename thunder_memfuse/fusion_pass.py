@@ -15,9 +15,9 @@ symbols: memfuse regroups them later by memory (transform.py), and Thunder's alw
 them right after this pass.  A consumer's recomputed values carry the producer's names; dissolved
 into one trace they would be assigned twice, so they are renamed inside their region.
 
-It records which provisional region each value came from (compile data `_memfuse_regions`): the
-transform's never-worse guard prices the trace grouped that way, which is the grouping the replaced
-executor would have compiled.  Any failure here returns the trace as it came (unfused, never wrong).
+The provisional regions are formed with the replaced executor's own claim (its can_fuse, matmuls
+included), so the cuts, and the activations saved for the backward, are the ones that executor's
+pass would have made.  Any failure here returns the trace as it came (unfused, never wrong).
 """
 from __future__ import annotations
 
@@ -26,19 +26,11 @@ import warnings
 
 
 def fusion_pass(ex, trace):
-    from thunder.core.compile_data import get_compile_data
-
     try:
-        new_trace, regions = _fuse_remat_dissolve(ex, trace)
+        return _fuse_remat_dissolve(ex, trace)
     except Exception as e:
         warnings.warn(f"memfuse: rematerialization skipped: {type(e).__name__}: {e}", RuntimeWarning)
         return trace
-    cd = get_compile_data()
-    if cd is not None:
-        known = dict(getattr(cd, "_memfuse_regions", {}) or {})
-        known.update(regions)
-        cd._memfuse_regions = known
-    return new_trace
 
 
 def _fuse_remat_dissolve(ex, trace):
@@ -69,34 +61,31 @@ def _fuse_remat_dissolve(ex, trace):
     fused_trace = from_trace(trace)
     fused_trace.bound_symbols = fused
     fused_trace = dce(rematerialize(fused_trace))
-    out, regions = _dissolve(ex, fused_trace, first_index=time.perf_counter_ns())
+    out = _dissolve(ex, fused_trace)
     out = dce(out)
     out.set_provenance(TraceProvenance(
         f"memfuse fusion pass: {counter} provisional regions, rematerialized, dissolved "
         f"(took {(time.perf_counter_ns() - start) // 1_000_000} ms)"))
-    return out, regions
+    return out
 
 
-def _dissolve(ex, trace, first_index=0):
+def _dissolve(ex, trace):
     """The trace with ex's fusion bound symbols replaced by their subsymbols; values a region
     computes under a name already defined before it (a consumer's recomputation) are renamed
-    inside that region.  Returns (trace, {value name: region index})."""
+    inside that region."""
     from thunder.core.proxies import Proxy, variableify
     from thunder.core.trace import from_trace, tracectx
 
     new = from_trace(trace)
+    taken = _all_names(trace)
     defined = set()
-    regions = {}
     bsyms = []
-    n_regions = 0
     with tracectx(new):
         for b in trace.bound_symbols:
             if not (b.sym.is_fusion and b.sym.executor is ex):
                 bsyms.append(b)
                 defined.update(o.name for o in b.flat_proxy_outs)
                 continue
-            idx = (first_index, n_regions)
-            n_regions += 1
             outputs = {o.name for o in b.flat_proxy_outs}
             swap = {}
             for sb in b.subsymbols:
@@ -104,19 +93,31 @@ def _dissolve(ex, trace, first_index=0):
                     if o.name in defined and variableify(o) not in swap:
                         if o.name in outputs:
                             raise RuntimeError(f"region output {o.name} is defined twice")
-                        swap[variableify(o)] = o.replace_name(new.make_name(prefix=_prefix(o)))
+                        swap[variableify(o)] = o.replace_name(_fresh(o.name, taken))
                 if swap:
                     sb = sb.from_bsym_swap_proxies(swap)
                 bsyms.append(sb)
-                for o in sb.flat_proxy_outs:
-                    if isinstance(o, Proxy):
-                        defined.add(o.name)
-                        regions[o.name] = idx
+                defined.update(o.name for o in sb.flat_proxy_outs if isinstance(o, Proxy))
     new.bound_symbols = bsyms
-    return new, regions
+    return new
 
 
-def _prefix(p) -> str:
-    name = p.name
-    head = name.rstrip("0123456789")
-    return head or "t"
+def _all_names(trace) -> set:
+    names = set(getattr(trace, "names", ()) or ())
+    stack = list(trace.bound_symbols)
+    while stack:
+        b = stack.pop()
+        names.update(p.name for p in b.flat_proxy_outs)
+        names.update(p.name for p in b.flat_proxy_args)
+        stack.extend(b.subsymbols)
+    return names
+
+
+def _fresh(name: str, taken: set) -> str:
+    """A name not in `taken` (which it joins): the recomputed value's name, suffixed."""
+    k = 0
+    while f"{name}_rm{k}" in taken:
+        k += 1
+    new = f"{name}_rm{k}"
+    taken.add(new)
+    return new

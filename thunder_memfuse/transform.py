@@ -120,7 +120,7 @@ class MemFuse(Transform):
         The traces themselves are returned unchanged."""
         try:
             if self.replace_fusion is True or (self.replace_fusion == "auto" and self._replaces(computation_trace)):
-                _replace_fusion_executors(get_compile_data(), self._fusible_for(computation_trace.bound_symbols))
+                _replace_fusion_executors(get_compile_data())
         except Exception as e:  # the compilation goes on with its executors
             if self.strict:
                 raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
@@ -284,11 +284,13 @@ def _with_comments(bsyms, groups):
     return out
 
 
-def _replace_fusion_executors(cd, fusible=None) -> None:
+def _replace_fusion_executors(cd, remat: bool = True) -> None:
     """Replace GENERAL_FUSION_EXECUTORS in compile data `cd` (None: not inside a
-    thunder.jit compilation, nothing to do) by memfuse_ex, at the first one's place,
-    claiming what `fusible` accepts (None: memfuse_ex is not put in, the executors
-    are only dropped); remember their names on cd."""
+    thunder.jit compilation, nothing to do) by memfuse_ex, at the first one's place
+    (remat=False: only drop them); remember their names on cd.  memfuse_ex claims
+    what the first replaced executor would have claimed, so its fusion pass groups
+    and rematerializes as that executor's did (NOTE [memfuse fusion pass]); memfuse
+    regroups by its own compiler's predicate later."""
     if cd is None:
         return
     executors = tuple(cd.executors_list)
@@ -299,10 +301,10 @@ def _replace_fusion_executors(cd, fusible=None) -> None:
     for ex in executors:
         if ex.name not in GENERAL_FUSION_EXECUTORS:
             kept.append(ex)
-        elif fusible is not None and memfuse_ex not in kept:
+        elif remat and memfuse_ex not in kept:
             kept.append(memfuse_ex)
     cd._memfuse_replaced = tuple(ex.name for ex in replaced)
-    cd._memfuse_fusible = fusible
+    cd._memfuse_fusible = replaced[0].can_fuse if remat else None
     cd.executors_list = tuple(kept)
 
 
