@@ -831,7 +831,7 @@ def test_failed_variant_is_not_compiled_again(monkeypatch):
         raise RuntimeError("nvrtc: out of registers")
 
     monkeypatch.setattr(K_kernel, "_device_info", lambda device: (90, 132))
-    monkeypatch.setattr(K, "nvrtc_compile", failing_compile)
+    monkeypatch.setattr(K_kernel, "nvrtc_compile", failing_compile)
     with pytest.raises(RuntimeError, match="out of registers"):
         region._function(0, 2, False, False)
     with pytest.raises(NotImplementedError, match="out of registers"):

@@ -91,6 +91,12 @@ _EXTERN_NAMES = frozenset({
 })
 
 
+_ROWWISE_NAMES = frozenset({
+    "softmax", "_softmax", "log_softmax", "_log_softmax", "layer_norm", "rms_norm", "group_norm",
+    "batch_norm", "instance_norm", "cumsum", "cumprod", "logsumexp", "sort", "topk",
+})
+
+
 def is_extern(bsym) -> bool:
     """An op Inductor runs as an extern kernel (NOTE [extern ops in regions])."""
     from thunder.core.prims import OpTags
@@ -106,14 +112,18 @@ def is_extern(bsym) -> bool:
 
 def epilogue_pair(gemm, act) -> bool:
     """May `act` run as the epilogue of extern op `gemm` in one region (NOTE [extern ops in
-    regions])?  act is an elementwise op (one a generated kernel could hold) whose one tensor
-    result has the shape and dtype of gemm's one tensor result, which is all it reads."""
+    regions])?  act is a pointwise op whose one tensor result has the shape and dtype of gemm's
+    one tensor result, which is all it reads.  Pointwise: no reduction in it (a final trace's
+    bound symbols do not always keep their prim decomposition, so this is read from tags and
+    names, not from the prims)."""
+    from thunder.core.prims import OpTags
     from thunder.core.proxies import TensorProxy
-
-    from .nvrtc import fusible_bsym as elementwise
+    from thunder.core.symbol import gather_tags
 
     try:
-        if not is_extern(gemm) or not fusible(act) or not elementwise(act):
+        if not is_extern(gemm) or not fusible(act) or act.sym.name in _ROWWISE_NAMES:
+            return False
+        if OpTags.REDUCTION_OP in gather_tags(act):
             return False
         g = [o for o in gemm.flat_proxy_outs if isinstance(o, TensorProxy)]
         a = [o for o in act.flat_proxy_outs if isinstance(o, TensorProxy)]
