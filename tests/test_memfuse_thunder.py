@@ -448,7 +448,7 @@ def test_region_kernel_failures_fall_back(monkeypatch):
 
 
 def test_epilogue_regions_gemm_relu(monkeypatch):
-    """executor.py NOTE [epilogue regions]: with regions on, a matmul/linear whose result only
+    """regions/nvrtc NOTE [epilogue regions]: with regions on, a matmul/linear whose result only
     a ReLU reads becomes one region [gemm, relu]; it runs on the fallback on CPU, and its
     kernel path hands the GEMM's arguments, in the bound symbol's order, to the cuBLASLt call."""
     from thunder_memfuse import executor

@@ -233,7 +233,7 @@ def regroup_trace(trace, groups, *, backend, is_backward, compiler="nvrtc", name
                   region_of_one=None):
     """A new trace whose bound symbols are `groups` in order: a group of one stays
     as it is (unless region_of_one(bsym) says it runs as a region of its own,
-    executor.py NOTE [gemm regions]), a larger group becomes one fusion bound
+    regions/nvrtc NOTE [gemm regions]), a larger group becomes one fusion bound
     symbol (inputs and outputs from Thunder's Region); dels and collection
     clears are placed by Thunder's del_last_used.  Returns (trace, number of
     fusion regions made).  A group of views only stays unfused: it allocates

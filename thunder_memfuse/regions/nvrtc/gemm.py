@@ -1,5 +1,5 @@
 """cuBLAS GEMMs and cuBLASLt GEMMs with a fused activation epilogue, on PyTorch's current stream,
-outputs from PyTorch's allocator (executor.py NOTE [gemm regions], NOTE [epilogue regions])."""
+outputs from PyTorch's allocator (regions/nvrtc/__init__.py NOTE [gemm regions], NOTE [epilogue regions])."""
 from __future__ import annotations
 
 import math
