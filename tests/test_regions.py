@@ -81,6 +81,7 @@ def test_seed_measured_peak_is_the_planned_peak_and_compiles_once():
         info = _ours(jf)._memfuse_info
         assert info["kernels"] == "torchcompile" and info["regions_after"] >= 4
         assert info["plan"]["peak_bytes"] == 3 * tensor
+        assert "(torchcompile)" in tm.format_report(tm.report(jf))
         peak, _ = cpu_peak_bytes(jf, list(t0s), a)
         assert abs(peak - info["plan"]["peak_bytes"]) <= tensor, (peak, info["plan"]["peak_bytes"])
     compiled = tc.stats["compiled"] - before["compiled"]
