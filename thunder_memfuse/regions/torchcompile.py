@@ -182,9 +182,7 @@ def program_key(bsyms, inputs, outputs):
 
     for a in inputs:
         note(a)
-    stack = list(bsyms)
-    while stack:
-        b = stack.pop(0)
+    for b in bsyms:  # the printed program names top-level values only (comments are dropped)
         for p in list(b.flat_proxy_args) + list(b.flat_proxy_outs):
             note(p)
     src = trace.python(print_depth=1, include_decorators=False)
@@ -199,7 +197,8 @@ def program_key(bsyms, inputs, outputs):
         else:
             toks.append(tok.string)
     meta = tuple(
-        ("tensor", tuple(a.shape), str(a.dtype), str(a.device), bool(a.requires_grad))
+        ("tensor", tuple(d if isinstance(d, int) else repr(d) for d in a.shape), str(a.dtype), str(a.device),
+         bool(a.requires_grad))
         if isinstance(a, TensorProxy) else (type(a).__name__, getattr(a, "python_type", None).__name__
                                             if getattr(a, "python_type", None) else None)
         for a in inputs
