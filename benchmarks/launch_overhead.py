@@ -23,7 +23,7 @@ def regions(size):
     import thunder
 
     from thunder_memfuse import MemFuse
-    from thunder_memfuse.kernels import build_cuda_region
+    from thunder_memfuse.regions.nvrtc import build_cuda_region
 
     def gelu_bias(x, b):
         return torch.nn.functional.gelu(x + b) * 0.5
@@ -63,11 +63,11 @@ def _value(p):
 
 
 def gemm_act_prep_us(size, calls):
-    """The Python steps of kernels.cuda_matmul_act before the driver call (argument checks,
+    """The Python steps of regions/nvrtc/gemm.py's cuda_matmul_act before the driver call (argument checks,
     torch.matmul's shape rules, output allocation, the cuBLASLt problem), on CPU tensors."""
     import torch
 
-    from thunder_memfuse import kernels as K
+    from thunder_memfuse.regions.nvrtc import gemm as K
 
     a, b = torch.randn(size, size), torch.randn(size, size)
 

@@ -27,7 +27,9 @@ import torch
 
 import thunder_memfuse  # noqa: F401  (applies the Thunder compat shims)
 from thunder_memfuse import _C
-from thunder_memfuse import kernels as K
+from thunder_memfuse import _C
+from thunder_memfuse.regions import nvrtc as K
+from thunder_memfuse.regions.nvrtc import kernel as K_kernel
 
 INFO = _C.cuda_codegen_info()
 OPS = {k: v for k, v in INFO["ops"].items() if k != "const"}
@@ -373,7 +375,7 @@ def test_status_shape():
 
 def test_import_loads_no_cuda_library():
     code = (
-        "import sys, thunder_memfuse, thunder_memfuse.kernels\n"
+        "import sys, thunder_memfuse, thunder_memfuse.regions.nvrtc\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert 'libnvrtc' not in maps and 'libcuda.so' not in maps and 'libcublas' not in maps, maps\n"
     )
@@ -828,8 +830,8 @@ def test_failed_variant_is_not_compiled_again(monkeypatch):
         compiles.append(arch)
         raise RuntimeError("nvrtc: out of registers")
 
-    monkeypatch.setattr(K, "_device_info", lambda device: (90, 132))
-    monkeypatch.setattr(K, "nvrtc_compile", failing_compile)
+    monkeypatch.setattr(K_kernel, "_device_info", lambda device: (90, 132))
+    monkeypatch.setattr(K_kernel, "nvrtc_compile", failing_compile)
     with pytest.raises(RuntimeError, match="out of registers"):
         region._function(0, 2, False, False)
     with pytest.raises(NotImplementedError, match="out of registers"):
@@ -855,10 +857,10 @@ def test_regions_share_loaded_kernels(monkeypatch):
         loads.append((image, device))
         return 0x1000 + len(loads)
 
-    monkeypatch.setattr(K, "_loaded_kernels", {})
-    monkeypatch.setattr(K, "_device_info", lambda device: (90, 132))
-    monkeypatch.setattr(K, "nvrtc_compile", lambda src, arch, **kw: {"image": src.encode() + b"\0"})
-    monkeypatch.setattr(K._C, "cuda_load_function", fake_load)
+    monkeypatch.setattr(K_kernel, "_loaded_kernels", {})
+    monkeypatch.setattr(K_kernel, "_device_info", lambda device: (90, 132))
+    monkeypatch.setattr(K_kernel, "nvrtc_compile", lambda src, arch, **kw: {"image": src.encode() + b"\0"})
+    monkeypatch.setattr(_C, "cuda_load_function", fake_load)
     f1 = r1._function(0, 2, False, False)
     assert r2._function(0, 2, False, False) == f1
     assert len(loads) == 1

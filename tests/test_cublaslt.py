@@ -23,7 +23,7 @@ import torch
 
 import thunder_memfuse  # noqa: F401
 from thunder_memfuse import _C
-from thunder_memfuse import kernels as K
+from thunder_memfuse.regions import nvrtc as K
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUBS = os.path.join(HERE, "stubs")
@@ -150,11 +150,13 @@ def stubdir(tmp_path_factory):
 PRELUDE = r'''
 import ctypes, math, sys, types
 import torch
-from thunder_memfuse import _C, kernels as K
+from thunder_memfuse import _C
+from thunder_memfuse.regions import nvrtc as K
+from thunder_memfuse.regions.nvrtc import gemm as K_gemm, loader as K_loader
 
 STUB = sys.argv[1]
 _C.cuda_set_search_dirs([STUB])
-K._setup_done = True  # keep kernels from pointing the loader back at the real wheels
+K_loader._setup_done = True  # keep kernels from pointing the loader back at the real wheels
 if sys.argv[2:] == ["stubs-only"]:
     _st = _C.cuda_status()
     for _lib in ("driver", "cublaslt"):
@@ -167,9 +169,9 @@ if sys.argv[2:] == ["stubs-only"]:
 WS = torch.empty(1 << 16, dtype=torch.uint8)
 torch.cuda.current_device = lambda: 0
 torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0x5EED)
-K._workspace = lambda device, stream: (WS.data_ptr(), WS.numel())
-_check = K._check_lt_inputs
-K._check_lt_inputs = lambda *ts: _check(*ts, cuda=False)
+K_gemm._workspace = lambda device, stream: (WS.data_ptr(), WS.numel())
+_check = K_gemm._check_lt_inputs
+K_gemm._check_lt_inputs = lambda *ts: _check(*ts, cuda=False)
 
 
 def hooks():

@@ -12,7 +12,7 @@ import torch
 
 import thunder_memfuse  # noqa: F401
 from thunder_memfuse import _C
-from thunder_memfuse import kernels as K
+from thunder_memfuse.regions import nvrtc as K
 
 pytestmark = [
     pytest.mark.gpu,

@@ -28,7 +28,7 @@ _LAZY = {
     "plot_timeline": ("thunder_memfuse.plot", "plot_timeline"),
     "plot_comparison": ("thunder_memfuse.plot", "plot_comparison"),
     "format_report": ("thunder_memfuse._report", "format_report"),
-    "cuda_status": ("thunder_memfuse.kernels", "cuda_status"),
+    "cuda_status": ("thunder_memfuse.regions.nvrtc", "cuda_status"),
 }
 
 

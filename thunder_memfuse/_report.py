@@ -180,6 +180,7 @@ def report(jfn) -> dict:
             "fusion_moves": plan.get("fusion_moves", 0),
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
+            "kernels": info.get("kernels"),
             "largest_live_at_peak": [(name, b, origins.get(name, "input"))
                                      for name, b in _largest_live_at_peak(info, steps_after)],
             "comm_moves": plan.get("comm_moves", 0),
@@ -234,7 +235,8 @@ def format_report(rep: dict, *, explain: bool = True) -> str:
         lines.append(
             f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB "
             f"(lower bound {r['lower_bound_bytes'] / 2**20:.2f}), "
-            f"regions {r['regions_before']} -> {r['regions_after']}, "
+            f"regions {r['regions_before']} -> {r['regions_after']}"
+            + (f" ({r['kernels']})" if r.get("kernels") and r["regions_after"] else "") + ", "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
             + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
         )

@@ -138,7 +138,7 @@ def _may_write_in_place(bsym) -> bool:
 @functools.lru_cache(maxsize=1)
 def _fusible_predicate():
     try:
-        from .kernels import fusible_bsym
+        from .regions.nvrtc import fusible_bsym
     except Exception:  # the code generator is unavailable: nothing is fusible
         return lambda bsym: False
     return fusible_bsym
@@ -158,11 +158,11 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     freeable: names of prologue tensors the trace frees after their last use
     (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
-    executor.epilogue_pair; trace.c NOTE [epilogue candidates]).
+    regions.nvrtc.epilogue_pair; trace.c NOTE [epilogue candidates]).
     comm_overlap: issue collectives early and waits late within the planned
     peaks (csrc/core/mf_comm.c NOTE [collective overlap])."""
     if epilogue_pair is None:
-        from .executor import epilogue_pair
+        from .regions.nvrtc import epilogue_pair
     return _C.plan_trace(
         bsyms,
         # futures are sized like tensors (trace.c NOTE [collectives])

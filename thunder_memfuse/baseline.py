@@ -40,6 +40,6 @@ class ElementwiseFusion(Transform):
                 flat.append(list(g))
             else:
                 flat.extend([b] for b in g)
-        new_trace, _ = regroup_trace(trace, flat, backend="cpu", executor=self, is_backward=is_backward,
+        new_trace, _ = regroup_trace(trace, flat, backend="cpu", is_backward=is_backward,
                                      name_prefix="ElementwiseFusion")
         return new_trace

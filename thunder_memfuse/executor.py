@@ -1,152 +1,49 @@
-"""How a memfuse fusion region runs.
+"""How a memfuse fusion region runs, and memfuse's Thunder executor.
 
 make_region_callable returns the function a fusion bound symbol calls
-(`[t3, t4] = MemFuse0(t0, t1)` in the trace).  On CUDA tensors it runs the
-region as one generated kernel (thunder_memfuse.kernels: NVRTC + cuBLAS); where
-no kernel can be built, and on CPU, it runs the CPU fallback: the region's own
-bound symbols as a small Python program, in the planned order, with Thunder's
-_del_last_used dropping every intermediate as soon as it is dead.
+(`[t3, t4] = MemFuse0(t0, t1)` in the trace): the region built by its compiler
+(thunder_memfuse.regions: nvrtc, torchcompile, nvfuser), or, where the compiler
+cannot build or run it, the op-by-op fallback (regions/fallback.py).
+
+memfuse_ex is the registered Thunder FusionExecutor that owns memfuse's fusion
+symbols (so a trace's fusion symbols pickle) and, where memfuse replaces a
+general fusion executor, runs its fusion pass (NOTE [memfuse fusion pass],
+thunder_memfuse/fusion_pass.py).
 """
 from __future__ import annotations
 
-import functools
-from inspect import Parameter, Signature
 
-from thunder.core import prims
-from thunder.core.trace import TraceCtx
-from thunder.executors.passes import _del_last_used
+from thunder.core.symbol import Symbol
+from thunder.extend import FusionExecutor, register_executor
+
+from .regions import compiler as _compiler
 
 from .errors import warn as _warn
 
 
 def _fallback_callable(name, bsyms, inputs, outputs):
-    def region_fn():
-        pass
+    from .regions import fallback
 
-    region_fn.__signature__ = Signature(
-        Parameter(getattr(p, "name", f"arg{i}"), Parameter.POSITIONAL_ONLY) for i, p in enumerate(inputs)
-    )
-    region_fn.__name__ = name
-    trace = TraceCtx(region_fn)
-    body = _del_last_used(list(bsyms), list(outputs))
-    body.append(prims.python_return.bind(list(outputs), output=None))
-    trace.bound_symbols = body
-    trace.args = list(inputs)
-    trace.kwargs = {}
-    return trace.python_callable()
+    return fallback.build(name, bsyms, inputs, outputs)
 
 
-# NOTE [gemm regions]: on CUDA traces a lone matmul or linear becomes a one-op
-# region too, so that it runs through our cuBLAS path (kernels.cuda_matmul /
-# cuda_linear) on PyTorch's current stream, with its output from PyTorch's
-# allocator.  Anything those do not cover raises NotImplementedError and the
-# region falls back to the torch call, like any other region.
-GEMM_SYMBOLS = {"matmul": "cuda_matmul", "linear": "cuda_linear"}
-
-# NOTE [epilogue regions]: a GEMM followed by a ReLU of its result can be one
-# region [gemm, relu] (the planner forms it where it is valid and does not raise
-# the peak: mf_fuse.c NOTE [epilogue pairs]); it runs as one cuBLASLt call with
-# the ReLU (and linear's bias) as epilogue, so the pre-activation is never
-# materialized.  Where that call does not cover the case, the region falls
-# back like any other.
-EPILOGUE_SYMBOLS = {"matmul": "cuda_matmul_act", "linear": "cuda_linear_act"}
-_EPILOGUE_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def epilogue_pair(gemm, act) -> bool:
-    """Can bound symbol `act` run as the epilogue of bound symbol `gemm`?
-    (trace.c NOTE [epilogue candidates] asks this of candidates.)"""
-    from thunder.core.proxies import TensorProxy
-
-    if gemm.sym.name not in EPILOGUE_SYMBOLS or gemm.kwargs or act.sym.name != "relu":
-        return False
-    outs = [o for o in gemm.flat_proxy_outs if isinstance(o, TensorProxy)]
-    if len(outs) != 1 or not act.args or getattr(act.args[0], "name", None) != outs[0].name:
-        return False
-    if any(a is not False for a in act.args[1:]) or any(v is not False for v in act.kwargs.values()):
-        return False  # relu(x, inplace=True) and anything unexpected
-    out = outs[0]
-    tensors = [a for a in gemm.flat_proxy_args if isinstance(a, TensorProxy)]
-    devices = {t.device.type for t in tensors}
-    if str(out.dtype).split(".")[-1].rstrip("_") not in _EPILOGUE_DTYPES or len(devices) != 1:
-        return False
-    # on CUDA the pair saves the pre-activation only if cuBLASLt runs it: without the library
-    # every call would fall back, so the plan's figure would not hold
-    return devices != {"cuda"} or _cublaslt_found()
-
-
-@functools.lru_cache(maxsize=1)
-def _cublaslt_found() -> bool:
-    try:
-        from .kernels import cuda_status
-
-        return bool(cuda_status()["cublaslt"]["found"])
-    except Exception:
-        return False
-
-
-def is_cuda_gemm(bsym) -> bool:
-    """A matmul/linear bound symbol whose tensor arguments are CUDA proxies."""
-    from thunder.core.proxies import TensorProxy
-
-    if bsym.sym.name not in GEMM_SYMBOLS:
-        return False
-    tensors = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
-    return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
-
-
-def _gemm_builder(bsym, inputs, *, act=None):
-    """A builder for the cuBLAS call of one matmul/linear bound symbol (with
-    act="relu": the cuBLASLt call of the region [bsym, relu])."""
-    position = {p.name: i for i, p in enumerate(inputs)}
-
-    def arg(a):
-        return (lambda args: args[position[a.name]]) if hasattr(a, "name") else (lambda args: a)
-
-    getters = [arg(a) for a in bsym.args]
-
-    def build():
-        from . import kernels
-
-        if bsym.kwargs:
-            raise NotImplementedError(f"{bsym.sym.name} with keyword arguments")
-        if act is None:
-            fn = getattr(kernels, GEMM_SYMBOLS[bsym.sym.name])
-
-            def call(*args):
-                return [fn(*(g(args) for g in getters))]
-        else:
-            fn = getattr(kernels, EPILOGUE_SYMBOLS[bsym.sym.name])
-
-            def call(*args):
-                return [fn(*(g(args) for g in getters), act=act)]
-
-        return call
-
-    return build
-
-
-def _all_cuda(args) -> bool:
-    """Kernels take CUDA tensors only: a region with any CPU tensor uses the fallback."""
-    tensors = [a for a in args if hasattr(a, "is_cuda")]
-    return bool(tensors) and all(t.is_cuda for t in tensors)
-
-
-def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
+def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compiler="nvrtc"):
+    """The callable of region `name`: built by `compiler` (a name in regions.COMPILERS) on its
+    first call, with the fallback behind it.  backend="cpu" or compiler="fallback": the fallback
+    alone.  backend="cuda" also warns where an nvrtc region meets a case its kernels do not cover."""
     fallback = _fallback_callable(name, bsyms, inputs, outputs)
-    if backend == "cpu":
+    if backend == "cpu" or compiler == "fallback":
         return fallback
-    if len(bsyms) == 1 and bsyms[0].sym.name in GEMM_SYMBOLS:
-        build = _gemm_builder(bsyms[0], inputs)
-    elif len(bsyms) == 2 and epilogue_pair(*bsyms):
-        build = _gemm_builder(bsyms[0], inputs, act="relu")
+    comp = _compiler(compiler)
+    if compiler == "nvrtc":
+        build, accepts = comp.builder(bsyms, inputs, outputs), comp.accepts
     else:
         def build():
-            from .kernels import build_cuda_region
+            return comp.build(bsyms, inputs, outputs)
 
-            return build_cuda_region(bsyms, inputs, outputs)
+        accepts = None
 
-    # "proven": the kernel has run once.  Building only lowers a region; NVRTC, the module load
+    # "proven": the region's callable has run once.  Building only lowers a region; NVRTC, the module load
     # and the launch happen on the first call, so any error there also sends the region to the
     # fallback, for good (regions are pure: running them again is safe); an error after a first
     # success sends only that call there.  NotImplementedError from a built kernel is a case one
@@ -156,15 +53,18 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
     state = {"kernel": None, "failed": False, "proven": False}
 
     def run(*args):
-        if state["failed"] or not _all_cuda(args):
+        if state["failed"] or (accepts is not None and not accepts(args)):
             return fallback(*args)
         why = None
         try:
             if state["kernel"] is None:
                 state["kernel"] = build()
             out = state["kernel"](*args)
-        except NotImplementedError as e:  # unsupported: expected, said only with backend="cuda"
-            why = (f"NotImplementedError: {e}", state["kernel"] is None, backend == "cuda")
+        except NotImplementedError as e:  # nvrtc: unsupported, expected, said only with backend="cuda"
+            if compiler == "nvrtc":
+                why = (f"NotImplementedError: {e}", state["kernel"] is None, backend == "cuda")
+            else:
+                why = (f"NotImplementedError: {e}", not state["proven"], True)
         except Exception as e:  # failed to build, compile, load or launch
             why = (f"{type(e).__name__}: {e}", not state["proven"], True)
         if why is None:
@@ -181,3 +81,76 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto"):
     run.__name__ = name
     run.__qualname__ = name
     return run
+
+
+# ------------------------------------------------------------------------------------------
+# memfuse's Thunder executor
+
+
+class RegionSymbol(Symbol):
+    """The symbol of a memfuse fusion bound symbol.  It pickles as (name, memfuse's registered
+    executor) and loads back as an equal symbol; the region's callable lives in the bound symbol's
+    call context, as for Thunder's own fusion symbols (whose symbols are not in any opmap)."""
+
+    def __reduce__(self):
+        return (_region_symbol, (self.name,))
+
+
+def _region_symbol(name):
+    return RegionSymbol(name, meta=None, is_fusion=True, executor=memfuse_ex)
+
+
+def region_symbol(name, outputs):
+    """A fusion symbol for a region with these output proxies; its meta gives them back, so
+    Thunder can re-run the symbol on proxies (check_traces)."""
+    outputs = tuple(outputs)
+
+    def meta(*args, **kwargs):
+        return outputs
+
+    return RegionSymbol(name, meta=meta, is_fusion=True, executor=memfuse_ex)
+
+
+class MemFuseExecutor(FusionExecutor):
+    """memfuse as a Thunder fusion executor.  It owns memfuse's fusion symbols.  Placed in a
+    compilation's executor list by the transform where memfuse replaces nvFuser or torch.compile
+    (transform.py NOTE [replacing the fusion pass]), it claims what the chosen region compiler can
+    hold and runs NOTE [memfuse fusion pass]; anywhere else it claims nothing."""
+
+    def __init__(self):
+        from . import __version__
+
+        super().__init__("memfuse", version=__version__)
+
+    def _fusible(self):
+        from thunder.core.compile_data import get_compile_data
+
+        return getattr(get_compile_data(), "_memfuse_fusible", None)
+
+    def can_execute(self, bsym) -> bool:
+        pred = self._fusible()
+        return bool(pred is not None and not bsym.sym.is_fusion and pred(bsym))
+
+    def can_fuse(self, bsym) -> bool:
+        return self.can_execute(bsym)
+
+    def fuse(self, region, fusion_counter: int):
+        """A provisional region (its symbols only; the pass dissolves it again after
+        rematerialization, so nothing is compiled here)."""
+        from thunder.core.proxies import unvariableify
+        from thunder.core.symbol import BoundSymbol
+
+        inputs = [unvariableify(x) for x in region.inputs]
+        outputs = [unvariableify(x) for x in region.outputs]
+        sym = region_symbol(f"MemFuseRemat{fusion_counter}", outputs)
+        return BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(region.bound_symbols))
+
+    def fusion_pass(self, trace):
+        if self._fusible() is None:
+            return trace
+        from .fusion_pass import fusion_pass
+
+        return fusion_pass(self, trace)
+
+
+memfuse_ex = register_executor(MemFuseExecutor())

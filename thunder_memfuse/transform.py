@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from thunder.core.compile_data import get_compile_data
-from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceProvenance, TraceTag, from_trace
 from thunder.core.transform_common import Transform
 from thunder.core import utils as tutils
@@ -24,9 +24,9 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _thunder
+from . import _C, _thunder, regions
 from .errors import MemFuseError, warn as _warn
-from .executor import is_cuda_gemm, make_region_callable
+from .executor import make_region_callable, memfuse_ex, region_symbol
 
 _BACKENDS = ("auto", "cuda", "cpu")
 
@@ -37,15 +37,18 @@ _BACKENDS = ("auto", "cuda", "cpu")
 # regions whole (docs/ARCHITECTURE.md), so with them in the executor list the
 # horizontal fusion that raises the peak is already fixed in place.  Before
 # Thunder claims ops for executors (transform_traces_pre_prologue runs first),
-# memfuse therefore takes these two out of the compilation's executor list.
-# Narrow fusion executors (torchcompile_cat, torchcompile_xentropy: one op
-# family each) stay; their regions are planned as single ops.  The price: those
-# passes also rematerialize between their own regions, which memfuse does not.
-# So by default (replace_fusion="auto") they are replaced only where memfuse's
-# own kernels take their work over: regions on (fuse not False), CUDA tensors
-# in the trace, a CUDA device with the driver and NVRTC found, a backend other
-# than "cpu".  Elsewhere taking nvFuser or torch.compile away would leave their
-# work to single torch ops.  True
+# memfuse therefore takes these two out of the compilation's executor list and
+# puts its own fusion executor (executor.memfuse_ex) where the first of them was.
+# That executor claims what memfuse's region compiler can hold and runs NOTE
+# [memfuse fusion pass] on the joint trace: the replaced pass's grouping and
+# Thunder's rematerialization, so the same activations are saved for the backward
+# as with the executor it replaces.  Narrow fusion executors (torchcompile_cat,
+# torchcompile_xentropy: one op family each) stay; their regions are planned as
+# single ops.  By default (replace_fusion="auto") the replacement happens where
+# memfuse's regions are really compiled: regions on (fuse not False) and a
+# compiler that works for the trace (nvrtc for CUDA tensors, else torch.compile,
+# else nvFuser: regions.resolve).  With only the op-by-op fallback, taking nvFuser
+# or torch.compile away would leave their work to single torch ops.  True
 # replaces them everywhere; False keeps them and plans around their regions.
 GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
 
@@ -62,18 +65,25 @@ class MemFuse(Transform):
             [1, 2**63 - 1], checked exactly as plan() checks it.  The DP also stops at a
             memory budget, whatever the cap.
         strict: raise MemFuseError instead of warning and returning the trace unchanged.
-        backend: "auto" (CUDA kernels for CUDA tensors, the CPU fallback otherwise),
-            "cuda" (CUDA kernels; the fallback only where a kernel cannot be built),
-            or "cpu" (always the fallback).
-        fuse: "auto" (default): form fusion regions where they run as real kernels,
-            that is on traces with CUDA tensors and a backend other than "cpu"; only
-            reorder elsewhere (NOTE [fusion on CPU]).  True: always form regions
-            (on CPU they run through the fallback).  False: only reorder.
-        replace_fusion: "auto" (default): where memfuse's CUDA kernels can run, it is
+        kernels: what compiles the regions (thunder_memfuse.regions): "auto" (default:
+            "nvrtc" for CUDA traces where the driver and NVRTC are found, else
+            "torchcompile" where torch.compile works, else the fallback, with one
+            warning), "nvrtc" (memfuse's own CUDA kernels), "torchcompile" (Thunder's
+            torch.compile executor: Inductor C++ on CPU, Triton on GPU), "nvfuser"
+            (where installed) or "fallback" (the region's ops one by one).  What a
+            region may hold follows the compiler (with torchcompile: reductions,
+            norms, softmax, matmuls, ...).
+        backend: "auto", "cuda" (nvrtc: also warn where a kernel does not cover a
+            case) or "cpu" (always the fallback, whatever kernels says).
+        fuse: "auto" (default): form fusion regions where a compiler builds them
+            (NOTE [fusion on CPU]); only reorder elsewhere.  True: always form regions
+            (with kernels="fallback" they run op by op).  False: only reorder.
+        replace_fusion: "auto" (default): where memfuse's regions are compiled, it is
             the compilation's fusion pass: nvFuser and the general torch.compile
-            executor are taken out of its executor list (NOTE [replacing the fusion
-            pass]); elsewhere they are kept.  True: take them out everywhere.
-            False: keep them, and plan around their regions.
+            executor are replaced by memfuse's own fusion executor, which keeps their
+            rematerialization (NOTE [replacing the fusion pass]); elsewhere they are
+            kept.  True: replace them everywhere.  False: keep them, and plan around
+            their regions.
         comm_overlap: True (default): in traces with asynchronous collectives (Thunder's
             DDP and FSDP), issue each collective as early and run each wait as late as
             the graph allows without raising the planned peak (csrc/core/mf_comm.c
@@ -88,8 +98,12 @@ class MemFuse(Transform):
     """
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
-                 fuse: bool | str = "auto", replace_fusion: bool | str = "auto", comm_overlap: bool = True):
+                 fuse: bool | str = "auto", replace_fusion: bool | str = "auto", kernels: str = "auto",
+                 comm_overlap: bool = True):
         super().__init__()
+        if kernels not in regions.KERNELS:
+            raise ValueError(f"MemFuse: kernels must be one of {regions.KERNELS}, got {kernels!r}")
+        self.kernels = kernels
         if backend not in _BACKENDS:
             raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
         self.max_states = _C._validate_max_states(max_states)  # the same check as plan()'s
@@ -107,7 +121,8 @@ class MemFuse(Transform):
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, backend={self.backend!r}, "
-                f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r}, comm_overlap={self.comm_overlap!r})")
+                f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r}, kernels={self.kernels!r}, "
+                f"comm_overlap={self.comm_overlap!r})")
 
     # Thunder's hooks ----------------------------------------------------------------
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
@@ -134,35 +149,37 @@ class MemFuse(Transform):
 
     # -------------------------------------------------------------------------------
     def _replaces(self, computation_trace) -> bool:
-        """replace_fusion="auto": will memfuse's own kernels take over the fusion of
-        this trace?  Regions on (fuse not False), CUDA tensors in the trace, and the
-        kernels can run in this process."""
-        return (self.fuse is not False and _has_cuda_tensors(computation_trace.bound_symbols)
-                and self._kernels_run_here())
+        """replace_fusion="auto": will memfuse's compiled regions take over the fusion
+        of this trace?  Regions on (fuse not False) and a compiler that works here."""
+        bsyms = computation_trace.bound_symbols
+        return self.fuse is not False and self._compiles(self._compiler_for(bsyms), bsyms)
 
-    def _kernels_run_here(self) -> bool:
-        """Can memfuse's generated kernels run in this process (NOTE [replacing the
-        fusion pass])?  Any failure to tell counts as no."""
-        if self.backend == "cpu":
-            return False
-        try:
-            from .kernels import cuda_status
+    def _compiler_for(self, bsyms) -> str:
+        """The region compiler for a trace (regions.resolve)."""
+        return regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend)
 
-            st = cuda_status()
-            return bool(st["can_run"] and st["torch_cuda"]["available"])
-        except Exception:
-            return False
+    @staticmethod
+    def _compiles(compiler: str, bsyms) -> bool:
+        return regions.compiles(compiler, _has_cuda_tensors(bsyms))
 
-    def _fuses(self, bsyms) -> bool:
+    def _fusible_for(self, bsyms):
+        """What a region may hold: the chosen compiler's predicate (the fallback's regions, formed
+        only on request, hold what a generated kernel could: the nvrtc predicate)."""
+        name = self._compiler_for(bsyms)
+        return regions.compiler("nvrtc" if name == "fallback" else name).fusible
+
+    def _fuses(self, bsyms, compiler: str) -> bool:
         """NOTE [fusion on CPU]: the cost model says a region's inner values are
-        never materialized, which holds for a generated kernel.  The CPU
-        fallback runs the region's torch ops one by one, so its inner values do
-        exist for a moment, while the region's inputs are held to its end: on
-        CPU a region can only cost memory (and saves no time).  So by default
-        regions are formed only where kernels run them."""
+        never materialized, which holds for a compiled region (a generated kernel,
+        an Inductor or nvFuser program; extern calls inside such a program, a
+        matmul's input, are the exception).  The op-by-op fallback runs the
+        region's torch ops one by one, so its inner values do exist for a moment,
+        while the region's inputs are held to its end: there a region can only
+        cost memory (and saves no time).  So by default regions are formed only
+        where a compiler builds them."""
         if self.fuse != "auto":
             return bool(self.fuse)
-        return self.backend != "cpu" and _has_cuda_tensors(bsyms)
+        return self._compiles(compiler, bsyms)
 
     def _transform(self, trace):
         start = time.perf_counter_ns()
@@ -179,7 +196,11 @@ class MemFuse(Transform):
             freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
         else:  # an inference forward: no backward follows
             self._saved_activations = None
-        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable,
+        compiler = self._compiler_for(bsyms)
+        nvrtc = regions.compiler("nvrtc")
+        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms, compiler),
+                                  freeable=freeable, fusible=self._fusible_for(bsyms),
+                                  epilogue_pair=_epilogue_pair(compiler),
                                   comm_overlap=self.comm_overlap)
         plan = res["plan"]
         if plan["peak_bytes"] > plan["baseline_peak_bytes"]:
@@ -187,9 +208,10 @@ class MemFuse(Transform):
 
         groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]
         groups = _with_comments(bsyms, groups)
-        new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, executor=self,
+        new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, compiler=compiler,
                                              is_backward=is_backward,
-                                             region_of_one=None if self.backend == "cpu" else is_cuda_gemm)
+                                             region_of_one=nvrtc.region_of_one
+                                             if compiler == "nvrtc" and self.backend != "cpu" else None)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
         new_trace.set_provenance(
             TraceProvenance(
@@ -209,33 +231,35 @@ class MemFuse(Transform):
             "ops": sum(len(g) for g in res["groups"]),
             "time_ms": elapsed_ms,
             "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
+            "kernels": compiler,
         }
         return new_trace
 
 
-def regroup_trace(trace, groups, *, backend, executor, is_backward, name_prefix="MemFuse", region_of_one=None):
+def regroup_trace(trace, groups, *, backend, is_backward, compiler="nvrtc", name_prefix="MemFuse",
+                  region_of_one=None):
     """A new trace whose bound symbols are `groups` in order: a group of one stays
     as it is (unless region_of_one(bsym) says it runs as a region of its own,
-    executor.py NOTE [gemm regions]), a larger group becomes one fusion bound
+    regions/nvrtc NOTE [gemm regions]), a larger group becomes one fusion bound
     symbol (inputs and outputs from Thunder's Region); dels and collection
     clears are placed by Thunder's del_last_used.  Returns (trace, number of
-    fusion regions made)."""
+    fusion regions made).  A group of views only stays unfused: it allocates
+    nothing, and a compiled region would only add a call."""
     stripped = from_trace(trace)
     stripped.bound_symbols = [b for g in groups for b in g]
     producers, consumers = tutils.producers_and_consumers(stripped)
     new_bsyms = []
     n_regions = 0  # also numbers the regions: names are per trace, like Thunder's own fusion passes
     for group in groups:
-        if len(group) == 1 and not (region_of_one and region_of_one(group[0])):
-            new_bsyms.append(group[0])
+        if len(group) == 1 and not (region_of_one and region_of_one(group[0])) or _views_only(group):
+            new_bsyms.extend(group)
             continue
         region = Region(producers, consumers, list(group))
         inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
         name = f"{name_prefix}{n_regions}"
-        fn = make_region_callable(name, list(group), inputs, outputs, backend=backend)
-        # the meta lets Thunder re-run the symbol on proxies (check_traces)
-        sym = Symbol(name, meta=_outputs_meta(tuple(outputs)), is_fusion=True, executor=executor)
+        fn = make_region_callable(name, list(group), inputs, outputs, backend=backend, compiler=compiler)
+        sym = region_symbol(name, outputs)
         new_bsyms.append(BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn}))
         n_regions += 1
     new_trace = from_trace(trace)
@@ -267,29 +291,50 @@ def _with_comments(bsyms, groups):
     return out
 
 
-def _replace_fusion_executors(cd) -> None:
-    """Drop GENERAL_FUSION_EXECUTORS from compile data `cd` (None: not inside a
-    thunder.jit compilation, nothing to do); remember their names on it."""
+def _replace_fusion_executors(cd, remat: bool = True) -> None:
+    """Replace GENERAL_FUSION_EXECUTORS in compile data `cd` (None: not inside a
+    thunder.jit compilation, nothing to do) by memfuse_ex, at the first one's place
+    (remat=False: only drop them); remember their names on cd.  memfuse_ex claims
+    what the first replaced executor would have claimed, so its fusion pass groups
+    and rematerializes as that executor's did (NOTE [memfuse fusion pass]); memfuse
+    regroups by its own compiler's predicate later."""
     if cd is None:
         return
     executors = tuple(cd.executors_list)
-    kept = tuple(ex for ex in executors if ex.name not in GENERAL_FUSION_EXECUTORS)
-    if len(kept) != len(executors):
-        cd._memfuse_replaced = tuple(ex.name for ex in executors if ex.name in GENERAL_FUSION_EXECUTORS)
-        cd.executors_list = kept
+    replaced = [ex for ex in executors if ex.name in GENERAL_FUSION_EXECUTORS]
+    if not replaced:
+        return
+    kept = []
+    for ex in executors:
+        if ex.name not in GENERAL_FUSION_EXECUTORS:
+            kept.append(ex)
+        elif remat and memfuse_ex not in kept:
+            kept.append(memfuse_ex)
+    cd._memfuse_replaced = tuple(ex.name for ex in replaced)
+    cd._memfuse_fusible = replaced[0].can_fuse if remat else None
+    cd.executors_list = tuple(kept)
+
+
+def _no_pair(gemm, act) -> bool:
+    return False
+
+
+def _epilogue_pair(compiler: str):
+    """The epilogue-pair predicate of a compiler (nvrtc: cuBLASLt's GEMM + ReLU; torchcompile: a
+    GEMM and an elementwise op of its result; the fallback plans as nvrtc does)."""
+    if compiler in ("nvrtc", "fallback"):
+        return regions.compiler("nvrtc").epilogue_pair
+    return getattr(regions.compiler(compiler), "epilogue_pair", _no_pair)
+
+
+def _views_only(group) -> bool:
+    return all(b.sym.name in _thunder.VIEW_NAMES for b in group)
 
 
 def _has_cuda_tensors(bsyms) -> bool:
     from thunder.core.proxies import TensorProxy
 
     return any(isinstance(p, TensorProxy) and p.device.type == "cuda" for b in bsyms for p in b.flat_proxy_outs)
-
-
-def _outputs_meta(outputs):
-    def meta(*args, **kwargs):
-        return outputs
-
-    return meta
 
 
 def _trace_name(trace) -> str:

@@ -3,7 +3,7 @@
  * of elementwise operations.
  *
  * NOTE [region format]
- * The Python side (thunder_memfuse/kernels.py) lowers Thunder's bound symbols
+ * The Python side (thunder_memfuse/regions/nvrtc/lowering.py) lowers Thunder's bound symbols
  * to leaf prims and then to this flat, shape-free program:
  *
  *   inputs   : n_inputs entries (is_scalar, dtype).  Value ids 0..n_inputs-1.

@@ -342,7 +342,7 @@ int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_
 int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen);
 /* Load a module image (cubin or NUL-terminated PTX) into device's primary
  * context and return the named function.  The module is never unloaded;
- * kernels.py loads each (device, source) once (NOTE [loaded kernels]). */
+ * regions/nvrtc/kernel.py loads each (device, source) once (NOTE [loaded kernels]). */
 int mf_cuda_load_function(int device, const void *image, const char *name,
                           mf_CUfunction *fn_out, char *err, size_t errlen);
 /* Launch fn with ONE by-value parameter of params_size bytes (the packed

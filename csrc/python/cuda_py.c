@@ -11,7 +11,7 @@
  *    looked up per raise (module functions get the module as `self`).
  *  - One error label per function; every temporary is Py_XDECREF'd there.
  *  - Device pointers, streams and CUfunction handles cross this boundary as
- *    Python ints (this is a private module; thunder_memfuse/kernels.py is the
+ *    Python ints (this is a private module; thunder_memfuse/regions/nvrtc/ is the
  *    only caller).  The GIL is released around NVRTC compilation.
  */
 #include "mf_py.h"

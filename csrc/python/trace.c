@@ -65,7 +65,7 @@
  * NOTE [epilogue candidates]  With fuse and an epilogue_pair callable, every
  * op v whose sized inputs are one value x produced by an op u (not a view of
  * it) is a candidate epilogue of u; epilogue_pair(bsym_u, bsym_v) decides
- * (a GEMM and a ReLU it can apply while writing, kernels.py), and the core
+ * (a GEMM and a ReLU it can apply while writing, regions/nvrtc), and the core
  * forms the pair only where it is valid and pays (mf_fuse.c NOTE [epilogue
  * pairs]).
  */

@@ -11,9 +11,11 @@ thunder/tests/test_jit_general.py does) get the wrapped one.
 Environment:
   MEMFUSE_PEER=0         baseline: thunder.jit is still wrapped (to count calls)
                          but nothing is appended; thunder_memfuse is never imported.
-  MEMFUSE_PEER=1         (default) append a fresh thunder_memfuse.MemFuse(fuse=True) to
+  MEMFUSE_PEER=1         (default) append a fresh thunder_memfuse.MemFuse(fuse=True, kernels=K) to
                          ``transforms=`` of every call (a new list; the caller's
                          list/tuple is not mutated).
+  MEMFUSE_PEER_KERNELS=K MemFuse(kernels=K) (default "fallback": no Inductor compile per test;
+                         "auto" runs regions compiled by torch.compile on CPU, much slower)
   MEMFUSE_PEER_STRICT=1  use MemFuse(strict=True): a pass failure raises instead
                          of warning and keeping the trace (finds silent fallbacks).
   MEMFUSE_PEER_JSON=path write the counters below as JSON at the end of the session.
@@ -43,6 +45,9 @@ import thunder  # noqa: E402
 
 ENABLED = os.environ.get("MEMFUSE_PEER", "1") != "0"
 STRICT = os.environ.get("MEMFUSE_PEER_STRICT", "0") == "1"
+# which region compiler the appended MemFuse uses (MemFuse(kernels=...)); the default keeps the
+# quick run fast on a small CPU (no Inductor compile per test), "auto" runs what users get
+KERNELS = os.environ.get("MEMFUSE_PEER_KERNELS", "fallback")
 
 _stats = {
     "mode": "memfuse" if ENABLED else "baseline",
@@ -167,8 +172,8 @@ def _peer_jit(fn, /, *args, **kwargs):
         transforms = kwargs.get("transforms")
         transforms = [] if transforms is None else list(transforms)
         # fuse=True: form regions on CPU too, so the peer suite exercises them
-        # (the default, fuse="auto", only reorders CPU traces)
-        transforms.append(cls(strict=STRICT, fuse=True))
+        # on the op-by-op fallback unless MEMFUSE_PEER_KERNELS says otherwise
+        transforms.append(cls(strict=STRICT, fuse=True, kernels=KERNELS))
         kwargs["transforms"] = transforms
         _stats["jit_wrapped"] += 1
     return _ORIG_JIT(fn, *args, **kwargs)

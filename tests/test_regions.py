@@ -1,0 +1,226 @@
+"""Region compilers (thunder_memfuse/regions): regions compiled by torch.compile on CPU, the
+compile cache, the fall-backs, memfuse as the fusion pass (rematerialization kept), pickling.
+
+Inductor compiles are slow on a small CPU: every graph here is tiny, and the tests share programs
+where they can (the compile cache is process-wide)."""
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import thunder
+
+import thunder_memfuse as tm
+from thunder_memfuse import MemFuse, regions
+from thunder_memfuse.measure import cpu_peak_bytes
+from thunder_memfuse.regions import torchcompile as tc
+from thunder_memfuse.seed import memory_peak_inefficient_func
+
+from models import seed_inputs
+
+needs_compiler = pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")
+
+
+def _ours(jf, which="forward"):
+    traces = thunder.last_traces(jf) if which == "forward" else thunder.last_backward_traces(jf)
+    return next(t for t in reversed(traces) if getattr(t, "_memfuse_info", None))
+
+
+def _regions(trace):
+    return [b for b in trace.bound_symbols if getattr(b.sym, "is_fusion", False)]
+
+
+def _memfuse_warnings(rec):
+    return [w for w in rec if issubclass(w.category, RuntimeWarning) and "memfuse" in str(w.message)]
+
+
+def _norm_softmax(x, w):
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w  # RMSNorm: a reduction
+    return torch.softmax(h, -1).sum(0), (h.tanh() + 1).amax(-1)
+
+
+@needs_compiler
+def test_torchcompile_regions_hold_reductions_and_match_thunder():
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16), torch.randn(16)
+    plain = thunder.jit(_norm_softmax)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ours = thunder.jit(_norm_softmax, transforms=[MemFuse(kernels="torchcompile")])
+        got = ours(x, w)
+    assert not _memfuse_warnings(rec)
+    for a, b in zip(plain(x, w), got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    trace = _ours(ours)
+    assert trace._memfuse_info["kernels"] == "torchcompile"
+    inside = {s.sym.name for r in _regions(trace) for s in r.subsymbols}
+    assert inside & {"mean", "sum", "amax", "softmax", "_softmax"}, inside  # a reduction in a region
+    # the auto default picks torch.compile on a CPU where it works, and forms the same regions
+    auto = thunder.jit(_norm_softmax, transforms=[MemFuse()])
+    auto(x, w)
+    assert _ours(auto)._memfuse_info["kernels"] == "torchcompile"
+    assert len(_regions(_ours(auto))) == len(_regions(trace))
+
+
+@needs_compiler
+def test_seed_measured_peak_is_the_planned_peak_and_compiles_once():
+    """On the seed, regions are [matmul, relu] epilogue pairs (regions/torchcompile.py NOTE
+    [extern ops in regions]); each path's pair has the same program, so it compiles once
+    (NOTE [region compile cache]), and the real peak is the planned one within a tensor."""
+    size = 64
+    t0s, a = seed_inputs(n=4, size=size)
+    tensor = size * size * 4
+    before = dict(tc.stats)
+    for executors in (None, ["torchcompile"]):  # memfuse alone, and in torch.compile's place
+        jf = thunder.jit(memory_peak_inefficient_func, executors=executors, transforms=[MemFuse()])
+        out = jf(list(t0s), a)
+        torch.testing.assert_close(out, memory_peak_inefficient_func(list(t0s), a), rtol=1e-4, atol=1e-3)
+        info = _ours(jf)._memfuse_info
+        assert info["kernels"] == "torchcompile" and info["regions_after"] >= 4
+        assert info["plan"]["peak_bytes"] == 3 * tensor
+        assert "(torchcompile)" in tm.format_report(tm.report(jf))
+        peak, _ = cpu_peak_bytes(jf, list(t0s), a)
+        assert abs(peak - info["plan"]["peak_bytes"]) <= tensor, (peak, info["plan"]["peak_bytes"])
+    compiled = tc.stats["compiled"] - before["compiled"]
+    reused = tc.stats["reused"] - before["reused"]
+    assert compiled <= 2 and reused >= 2 * info["regions_after"] - compiled
+
+
+def test_program_key_ignores_names_but_not_programs():
+    t0s, a = seed_inputs(n=2, size=8)
+    jf = thunder.jit(memory_peak_inefficient_func, transforms=[MemFuse(fuse=False)])
+    jf(list(t0s), a)
+    bs = [b for b in thunder.last_traces(jf)[-1].bound_symbols if b.sym.name in ("relu", "matmul")]
+
+    def key(b):
+        args = [p for p in b.flat_proxy_args if hasattr(p, "shape")]
+        return tc.program_key([b], args, list(b.flat_proxy_outs))
+
+    relus = [b for b in bs if b.sym.name == "relu"]
+    mms = [b for b in bs if b.sym.name == "matmul"]
+    assert relus[0].output.name != relus[1].output.name and key(relus[0]) == key(relus[1])
+    assert key(relus[0]) != key(mms[0])
+
+
+@needs_compiler
+def test_a_region_that_fails_to_compile_falls_back(monkeypatch):
+    def broken(bsyms, inputs, outputs):
+        def call(*args):
+            raise RuntimeError("inductor said no")
+
+        return call
+
+    monkeypatch.setattr(tc, "build", broken)
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16), torch.randn(16)
+    ours = thunder.jit(_norm_softmax, transforms=[MemFuse(kernels="torchcompile")])
+    with pytest.warns(RuntimeWarning, match="inductor said no"):
+        got = ours(x, w)
+    for a, b in zip(_norm_softmax(x, w), got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for a, b in zip(_norm_softmax(x, w), ours(x, w)):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert not _memfuse_warnings(rec)  # gone to the fallback for good: said once
+
+
+def test_no_compiler_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(tc, "available", lambda cuda=False: False)
+    regions.reset_warnings()
+    t0s, a = seed_inputs(n=3, size=16)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for fn in (memory_peak_inefficient_func, _norm_softmax):
+            args = (list(t0s), a) if fn is memory_peak_inefficient_func else (torch.randn(4, 8), torch.randn(8))
+            jf = thunder.jit(fn, transforms=[MemFuse()])
+            for got, want in zip(jf(*args) if fn is _norm_softmax else [jf(*args)],
+                                 fn(*args) if fn is _norm_softmax else [fn(*args)]):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            info = _ours(jf)._memfuse_info
+            assert info["kernels"] == "fallback" and info["regions_after"] == 0
+    ours = _memfuse_warnings(rec)
+    assert len(ours) == 1 and "C++ compiler" in str(ours[0].message), [str(w.message) for w in ours]
+
+
+def test_no_c_compiler_in_a_fresh_process():
+    """CXX pointing at a compiler that fails: the probe sees it before any region is built."""
+    code = (
+        "import warnings, torch, thunder\n"
+        "from thunder_memfuse import MemFuse\n"
+        "from thunder_memfuse.regions import torchcompile\n"
+        "assert not torchcompile.available(False)\n"
+        "with warnings.catch_warnings(record=True) as rec:\n"
+        "    warnings.simplefilter('always')\n"
+        "    x = torch.randn(4, 8)\n"
+        "    for k in range(2):\n"
+        "        jf = thunder.jit(lambda t: (t.sin() * 2).softmax(-1) + k, transforms=[MemFuse()])\n"
+        "        torch.testing.assert_close(jf(x), (x.sin() * 2).softmax(-1) + k)\n"
+        "msgs = [str(w.message) for w in rec if 'memfuse' in str(w.message)]\n"
+        "assert len(msgs) == 1 and 'C++ compiler' in msgs[0], msgs\n"
+        "print('OK')\n"
+    )
+    env = dict(os.environ, CXX="/bin/false")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_nvfuser_where_not_installed_falls_back(monkeypatch):
+    from thunder_memfuse.regions import nvfuser
+
+    if nvfuser._executor() is not None:
+        pytest.skip("nvFuser is installed here")
+    regions.reset_warnings()
+    x = torch.randn(4, 8)
+    with pytest.warns(RuntimeWarning, match="kernels='nvfuser' cannot build regions"):
+        jf = thunder.jit(lambda t: t.sin() * 2 + 1, transforms=[MemFuse(kernels="nvfuser")])
+        torch.testing.assert_close(jf(x), x.sin() * 2 + 1)
+    assert _ours(jf)._memfuse_info["kernels"] == "fallback"
+    with pytest.raises(ValueError, match="kernels"):
+        MemFuse(kernels="tensorrt")
+
+
+@needs_compiler
+def test_rematerialization_is_kept_on_a_training_step():
+    """NOTE [memfuse fusion pass]: in torch.compile's place memfuse saves what its
+    rematerialization saves, and the step's measured peak is no higher than without memfuse."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32), torch.nn.Tanh())
+    x = torch.randn(16, 32)
+
+    def step(jm):
+        for p in model.parameters():
+            p.grad = None
+        loss = jm(x).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    base = thunder.jit(model, executors=["torchcompile"])
+    ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse()])
+    want, got = step(base), step(ours)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for g, h in zip(got[1], want[1]):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-5)
+    assert "memfuse" in [ex.name for ex in thunder.compile_data(ours).executors_list]
+    saved = [{p.name for p in get_saved_for_backward_tensors(thunder.last_traces(j)[-1])} for j in (base, ours)]
+    assert len(saved[1]) <= len(saved[0])
+    peaks = [cpu_peak_bytes(lambda: step(j))[0] for j in (base, ours)]
+    assert peaks[1] <= peaks[0], peaks
+
+
+def test_fusion_symbols_pickle():
+    t0s, a = seed_inputs(n=2, size=8)
+    jf = thunder.jit(memory_peak_inefficient_func, transforms=[MemFuse(fuse=True, kernels="fallback")])
+    jf(list(t0s), a)
+    fusions = _regions(_ours(jf))
+    assert fusions
+    for b in fusions:
+        assert isinstance(b.sym.executor, thunder.extend.FusionExecutor)
+        back = pickle.loads(pickle.dumps(b.sym))
+        assert back.name == b.sym.name and back.is_fusion and back.executor is thunder.get_executor("memfuse")
+    assert tm.report(jf)["forward"]["regions_after"] == len(fusions)

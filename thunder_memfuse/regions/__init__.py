@@ -1,0 +1,91 @@
+"""Region compilers: what builds the callable of a region memfuse forms.
+
+One module per compiler, each with NAME, available(cuda), fusible(bsym) and a way to build a region:
+
+    nvrtc         memfuse's own CUDA kernels (NVRTC elementwise kernels, cuBLAS / cuBLASLt GEMMs)
+    torchcompile  Thunder's torch.compile executor builds the region: Inductor C++ on CPU, Triton on GPU
+    nvfuser       Thunder's nvFuser executor (only where nvFuser is installed)
+    fallback      the region's own ops, one by one (always there; it compiles nothing)
+
+`MemFuse(kernels=...)` picks one; "auto" (resolve) takes the best that works for a trace: nvrtc for
+CUDA traces where the driver and NVRTC are found, else torchcompile where torch.compile works
+(a C++ compiler on CPU, Triton on GPU), else the fallback, said once per process in a warning.
+What a region may hold follows the chosen compiler (its `fusible`); the cost model does not.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+
+COMPILERS = ("nvrtc", "torchcompile", "nvfuser", "fallback")
+KERNELS = ("auto",) + COMPILERS
+
+_warned = set()
+_warn_lock = threading.Lock()
+
+
+def compiler(name: str):
+    """The module of compiler `name` (one of COMPILERS)."""
+    if name not in COMPILERS:
+        raise ValueError(f"memfuse: unknown region compiler {name!r} (one of {COMPILERS})")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def compiles(name: str, cuda: bool) -> bool:
+    """Does compiler `name` really compile regions of a trace on this machine (cuda: the trace holds
+    CUDA tensors)?  The fallback never does; nvrtc only for CUDA traces."""
+    if name == "fallback":
+        return False
+    if name == "nvrtc" and not cuda:
+        return False
+    try:
+        return bool(compiler(name).available(cuda))
+    except Exception:
+        return False
+
+
+def resolve(kernels: str, *, cuda: bool, backend: str = "auto") -> str:
+    """The compiler for one trace.  backend="cpu" always means the fallback (the option predates
+    kernels=).  An explicit choice that cannot work here, and "auto" with nothing that works, fall
+    back with ONE warning per process and reason."""
+    if backend == "cpu":
+        return "fallback"
+    if kernels == "fallback":
+        return "fallback"
+    if kernels == "auto":
+        if cuda and compiles("nvrtc", True):
+            return "nvrtc"
+        if compiles("torchcompile", cuda):
+            return "torchcompile"
+        if cuda and compiles("nvfuser", True):
+            return "nvfuser"
+        what = ("no region compiler works for CUDA tensors here (NVRTC / the CUDA driver not found, "
+                "no Triton, no nvFuser)" if cuda else
+                "torch.compile cannot build regions here (no working C++ compiler for Inductor; "
+                "set CXX or install g++)")
+        _warn_once(what, f"memfuse: {what}; fusion regions are not formed, memfuse only reorders "
+                         "(kernels='auto' fell back to 'fallback').")
+        return "fallback"
+    if kernels == "nvrtc" and not cuda:
+        return "nvrtc"  # CPU tensors in an nvrtc trace run on the fallback, as they always have
+    if not compiles(kernels, cuda):
+        _warn_once((kernels, cuda), f"memfuse: kernels={kernels!r} cannot build regions here "
+                                    f"({'CUDA' if cuda else 'CPU'} trace); using the op-by-op fallback.")
+        return "fallback"
+    return kernels
+
+
+def _warn_once(key, message: str) -> None:
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    from ..errors import warn
+
+    warn(message)
+
+
+def reset_warnings() -> None:
+    """Forget which fall-back warnings were given (tests)."""
+    with _warn_lock:
+        _warned.clear()
