@@ -146,3 +146,26 @@ def test_random_ops_never_join_a_region():
     allow_all = _never_random(lambda b: True)
     assert not any(allow_all(b) for b in rand)
     assert all(allow_all(b) for b in plain)
+
+
+def test_random_ops_in_a_torchcompile_compilation():
+    # memfuse replaces the torchcompile executor here and compiles its regions with
+    # Inductor, but the draws stay the torch calls plain Thunder (and eager) makes, in
+    # their order: every random value is bit-equal to plain Thunder's, the rest agrees
+    # up to Inductor's rounding.  (Thunder's own torchcompile executor compiles the
+    # draws into Inductor's program, whose RNG does not give eager's numbers.)
+    def f(x):
+        d = torch.rand(8, 8)
+        y = (x + 1).sin() * 2
+        return d, (y * torch.nn.functional.dropout(x, 0.5)).cos() + torch.randn_like(x)
+
+    x = torch.randn(8, 8)
+    plain = _run(thunder.jit(f), x)
+    assert _same(plain, _run(f, x))
+    jm = thunder.jit(f, executors=["torchcompile"], transforms=[MemFuse(strict=True)])
+    ours = _run(jm, x)
+    assert torch.equal(ours[0], plain[0])
+    torch.testing.assert_close(ours[1], plain[1], rtol=1e-5, atol=1e-5)
+    import thunder_memfuse as tm
+
+    assert tm.report(jm)["forward"]["kernels"] == "torchcompile"

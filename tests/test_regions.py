@@ -58,11 +58,18 @@ def test_torchcompile_regions_hold_reductions_and_match_thunder():
     assert trace._memfuse_info["kernels"] == "torchcompile"
     inside = {s.sym.name for r in _regions(trace) for s in r.subsymbols}
     assert inside & {"mean", "sum", "amax", "softmax", "_softmax"}, inside  # a reduction in a region
-    # the auto default picks torch.compile on a CPU where it works, and forms the same regions
-    auto = thunder.jit(_norm_softmax, transforms=[MemFuse()])
+    # the auto default picks torch.compile on a CPU where it works when the compilation
+    # asked for a fusion compiler, and forms the same regions ...
+    auto = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse()])
     auto(x, w)
     assert _ours(auto)._memfuse_info["kernels"] == "torchcompile"
     assert len(_regions(_ours(auto))) == len(_regions(trace))
+    # ... and without one only reorders (regions NOTE [auto on CPU]): plain Thunder's numbers
+    reorder = thunder.jit(_norm_softmax, transforms=[MemFuse()])
+    for a, b in zip(plain(x, w), reorder(x, w)):
+        assert torch.equal(a, b)
+    assert _ours(reorder)._memfuse_info["kernels"] == "fallback"
+    assert len(_regions(_ours(reorder))) == 0
 
 
 @needs_compiler
@@ -74,8 +81,9 @@ def test_seed_measured_peak_is_the_planned_peak_and_compiles_once():
     t0s, a = seed_inputs(n=4, size=size)
     tensor = size * size * 4
     before = dict(tc.stats)
-    for executors in (None, ["torchcompile"]):  # memfuse alone, and in torch.compile's place
-        jf = thunder.jit(memory_peak_inefficient_func, executors=executors, transforms=[MemFuse()])
+    # memfuse alone with torch.compile asked for, and by default in torch.compile's place
+    for executors, mf in ((None, MemFuse(kernels="torchcompile")), (["torchcompile"], MemFuse())):
+        jf = thunder.jit(memory_peak_inefficient_func, executors=executors, transforms=[mf])
         out = jf(list(t0s), a)
         torch.testing.assert_close(out, memory_peak_inefficient_func(list(t0s), a), rtol=1e-4, atol=1e-3)
         info = _ours(jf)._memfuse_info
@@ -136,7 +144,7 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch):
         warnings.simplefilter("always")
         for fn in (memory_peak_inefficient_func, _norm_softmax):
             args = (list(t0s), a) if fn is memory_peak_inefficient_func else (torch.randn(4, 8), torch.randn(8))
-            jf = thunder.jit(fn, transforms=[MemFuse()])
+            jf = thunder.jit(fn, transforms=[MemFuse(kernels="torchcompile")])
             for got, want in zip(jf(*args) if fn is _norm_softmax else [jf(*args)],
                                  fn(*args) if fn is _norm_softmax else [fn(*args)]):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -157,7 +165,7 @@ def test_no_c_compiler_in_a_fresh_process():
         "    warnings.simplefilter('always')\n"
         "    x = torch.randn(4, 8)\n"
         "    for k in range(2):\n"
-        "        jf = thunder.jit(lambda t: (t.sin() * 2).softmax(-1) + k, transforms=[MemFuse()])\n"
+        "        jf = thunder.jit(lambda t: (t.sin() * 2).softmax(-1) + k, transforms=[MemFuse(kernels='torchcompile')])\n"
         "        torch.testing.assert_close(jf(x), (x.sin() * 2).softmax(-1) + k)\n"
         "msgs = [str(w.message) for w in rec if 'memfuse' in str(w.message)]\n"
         "assert len(msgs) == 1 and 'C++ compiler' in msgs[0], msgs\n"

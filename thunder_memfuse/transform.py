@@ -156,7 +156,8 @@ class MemFuse(Transform):
 
     def _compiler_for(self, bsyms) -> str:
         """The region compiler for a trace (regions.resolve)."""
-        return regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend)
+        return regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend,
+                               compiling_peer=_compiling_peer())
 
     @staticmethod
     def _compiles(compiler: str, bsyms) -> bool:
@@ -329,6 +330,17 @@ def _epilogue_pair(compiler: str):
 
 def _views_only(group) -> bool:
     return all(b.sym.name in _thunder.VIEW_NAMES for b in group)
+
+
+def _compiling_peer() -> bool:
+    """Does this compilation use a general fusion compiler, or memfuse's executor in its place
+    (regions NOTE [auto on CPU])?  Outside a compilation: yes (no reason to hold back)."""
+    try:
+        cd = get_compile_data()
+        names = {getattr(ex, "name", None) for ex in cd.executors_list}
+    except Exception:
+        return True
+    return bool(names & set(GENERAL_FUSION_EXECUTORS + ("memfuse",)))
 
 
 def _has_cuda_tensors(bsyms) -> bool:

@@ -44,13 +44,22 @@ def compiles(name: str, cuda: bool) -> bool:
         return False
 
 
-def resolve(kernels: str, *, cuda: bool, backend: str = "auto") -> str:
+def resolve(kernels: str, *, cuda: bool, backend: str = "auto", compiling_peer: bool = True) -> str:
     """The compiler for one trace.  backend="cpu" always means the fallback (the option predates
     kernels=).  An explicit choice that cannot work here, and "auto" with nothing that works, fall
-    back with ONE warning per process and reason."""
+    back with ONE warning per process and reason.
+
+    compiling_peer: did the user's compilation ask for a fusion compiler (torchcompile or nvFuser
+    in its executors)?  NOTE [auto on CPU]: on a CPU trace "auto" compiles regions only then.
+    Plain Thunder runs a CPU trace op by op with eager's kernels; Inductor regions in its place
+    cost a compile on the first call, a per-region call overhead on every call, and round
+    differently (an ulp here and there), so adding memfuse would cost such a user speed and
+    change their numbers.  There memfuse only reorders, which is exact and never slower."""
     if backend == "cpu":
         return "fallback"
     if kernels == "fallback":
+        return "fallback"
+    if kernels == "auto" and not cuda and not compiling_peer:
         return "fallback"
     if kernels == "auto":
         if cuda and compiles("nvrtc", True):
@@ -69,8 +78,10 @@ def resolve(kernels: str, *, cuda: bool, backend: str = "auto") -> str:
     if kernels == "nvrtc" and not cuda:
         return "nvrtc"  # CPU tensors in an nvrtc trace run on the fallback, as they always have
     if not compiles(kernels, cuda):
+        why = " (no working C++ compiler for Inductor; set CXX or install g++)" if (
+            kernels == "torchcompile" and not cuda) else ""
         _warn_once((kernels, cuda), f"memfuse: kernels={kernels!r} cannot build regions here "
-                                    f"({'CUDA' if cuda else 'CPU'} trace); using the op-by-op fallback.")
+                                    f"({'CUDA' if cuda else 'CPU'} trace{why}); using the op-by-op fallback.")
         return "fallback"
     return kernels
 
