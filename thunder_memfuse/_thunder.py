@@ -8,6 +8,7 @@ so it follows the installed Thunder.
 from __future__ import annotations
 
 import functools
+import math
 
 import thunder.torch as ltorch
 from thunder.core.prims import OpTags, PrimIDs
@@ -27,10 +28,15 @@ RETURN_IDS = frozenset({PrimIDs.RETURN})
 # they are no-ops, and counting an allocation that does not happen only makes
 # the plan conservative.
 _MAY_COPY = {"to", "contiguous", "type_as"}
-VIEW_NAMES = frozenset(
+_VIEW_BASE = frozenset(
     {s.name for s in ltorch._syms_returning_views | ltorch._syms_that_may_return_views if s.name not in _MAY_COPY}
     | {"broadcast_in_dim", "reshape", "transpose", "squeeze", "slice", "slice_prim", "view", "shallow_copy",
        "expand", "permute", "unsqueeze", "flatten", "split", "chunk", "getitem", "select"}
+)
+# The torch executor runs some view prims under names of its own
+# (torch_prims_reshape_impl, torch_slice_prim_impl): the final trace holds those.
+VIEW_NAMES = _VIEW_BASE | frozenset(
+    f for n in _VIEW_BASE for f in (f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl")
 )
 
 _ORDER_TAGS = frozenset(
@@ -114,7 +120,9 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     """Run the C trace reader and planner on a list of bound symbols.
 
     freeable: names of prologue tensors the trace frees after their last use
-    (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
+    (a backward's saved activations: trace.c NOTE [freeable saved tensors]),
+    or saved_storages()'s mapping {name: (storage key, bytes)}, which also says
+    which of them share one storage.
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
     executor.epilogue_pair; trace.c NOTE [epilogue candidates])."""
     if epilogue_pair is None:
@@ -130,37 +138,69 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         fusible=fusible or _fusible_predicate(),
         max_states=max_states,
         fuse=fuse,
-        freeable=frozenset(freeable or ()),
+        freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
         epilogue_pair=epilogue_pair,
     )
 
 
-def saved_activations(forward_trace) -> frozenset:
-    """Names of the tensors an augmented forward saves for backward that are not
-    (views of) its own inputs: parameters and inputs stay alive in the caller,
-    activations die with their last use in the backward."""
+def saved_storages(forward_trace) -> dict:
+    """The storages an augmented forward saves for backward (NOTE [saved storages]).
+
+    Returns {saved name: (storage key, storage bytes)} for the saved tensors
+    that are not (views of) the forward's inputs: names with the same key share
+    one storage, of the given bytes (its root's, which need not be saved
+    itself).  Parameters, inputs and their views are left out: they stay alive
+    in the caller, while activations die with their last use in the backward."""
     from thunder.core.vjp_utils import get_saved_for_backward_tensors
 
     producer = {}
-    for b in forward_trace.bound_symbols:
-        for o in b.flat_proxy_outs:
-            producer.setdefault(o.name, b)
 
-    def is_input(p):
+    def index(bsyms, outer=None):
+        for b in bsyms:
+            # a fusion's subsymbols say how its outputs were made (a view inside
+            # a region is still a view of another output)
+            if b.subsymbols and getattr(b.sym, "is_fusion", False):
+                index(b.subsymbols, b)
+            for o in b.flat_proxy_outs:
+                producer.setdefault(o.name, b)
+
+    index(forward_trace.bound_symbols)
+
+    def root(p):
+        """(root proxy, is an input) of p's view chain."""
         for _ in range(10_000):  # view chains are short; the bound guards a cycle
             b = producer.get(p.name)
             if b is None or b.sym.id in PROLOGUE_IDS:
-                return True
+                return p, True
             if b.sym.name not in VIEW_NAMES:
-                return False
+                return p, False
             tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy)]
             if not tensors:
-                return False
+                return p, False
             p = tensors[0]
-        return True
+        return p, True
 
-    saved = get_saved_for_backward_tensors(forward_trace)
-    return frozenset(s.name for s in saved if isinstance(s, TensorProxy) and not is_input(s))
+    out = {}
+    for s in get_saved_for_backward_tensors(forward_trace):
+        if not isinstance(s, TensorProxy) or s.name in out:
+            continue
+        r, is_input = root(s)
+        if not is_input:
+            out[s.name] = (r.name, _proxy_bytes(r))
+    return out
 
 
-__all__ = ["plan_trace", "saved_activations", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+def _proxy_bytes(p) -> int:
+    n = 1
+    for d in p.shape:
+        n *= int(d if isinstance(d, int) else getattr(d, "value", d))
+    return int(math.ceil(n * p.dtype.bytes))
+
+
+def saved_activations(forward_trace) -> frozenset:
+    """Names of the tensors an augmented forward saves for backward that are not
+    (views of) its own inputs (the keys of saved_storages)."""
+    return frozenset(saved_storages(forward_trace))
+
+
+__all__ = ["plan_trace", "saved_activations", "saved_storages", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
