@@ -346,5 +346,6 @@ def _simulated(trace, ops, kind, freeable, measured) -> TraceComparison:
         outs = ", ".join(p.name for p in b.flat_proxy_outs[:2])
         base = name.rsplit(".", 1)[-1]
         rows.append(dict(step=i, op=f"{name} -> {outs}" if outs else name, simulated=sim, measured=mpeak[i],
-                         diff=diff, flagged=abs(diff) > largest, note=KNOWN_TEMPORARIES.get(base, "")))
+                         diff=diff, flagged=abs(diff) > largest,
+                         note=KNOWN_TEMPORARIES.get(base, "") if diff > 0 else ""))
     return TraceComparison(kind, rows, start, largest)
