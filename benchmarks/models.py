@@ -237,12 +237,16 @@ def main(argv=None):
     ap.add_argument("--variants", help="comma-separated variant names to run")
     ap.add_argument("--no-compare", action="store_true", help="skip the per-step model check")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--debug", action="store_true", help="print tracebacks of failing variants")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     import torch
 
     import workloads
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     ws = workloads.all_workloads(quick=args.quick, batch=args.batch, seq=args.seq, dim=args.dim,
                                  layers=args.layers, paths=args.paths, size=args.size,

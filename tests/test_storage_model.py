@@ -157,3 +157,24 @@ def test_plan_trace_rejects_bad_storage_information():
         warnings.simplefilter("error")
         res = _thunder.plan_trace(list(bt.bound_symbols), freeable={n: ("k", 32) for n in saved})
     assert res["plan"]["peak_bytes"] > 0
+
+
+def test_storage_information_does_not_leak():
+    from test_binding_leaks import _growth
+
+    jf = thunder.jit(three_aliases)
+    x = torch.randn(16, 16, requires_grad=True)
+    jf(x, x.detach().clone().requires_grad_())
+    bsyms = list(thunder.last_backward_traces(jf)[-1].bound_symbols)
+    saved = _thunder.saved_storages(thunder.last_traces(jf)[-1])
+    shared = {n: ("root", 1024) for n in saved}  # every saved tensor a view of one unsaved root
+
+    def bad():
+        try:
+            _thunder.plan_trace(bsyms, freeable={n: ("root", -1) for n in saved})
+        except ValueError:
+            pass
+
+    assert _growth(lambda: _thunder.plan_trace(bsyms, freeable=saved), 1000) < 1 << 20
+    assert _growth(lambda: _thunder.plan_trace(bsyms, freeable=shared), 1000) < 1 << 20
+    assert _growth(bad, 1000) < 1 << 20

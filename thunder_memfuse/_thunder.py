@@ -39,6 +39,34 @@ VIEW_NAMES = _VIEW_BASE | frozenset(
     f for n in _VIEW_BASE for f in (f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl")
 )
 
+
+
+def is_view(bsym) -> bool:
+    """Does bsym's tensor output share its first tensor argument's storage?
+    A view op by name (VIEW_NAMES), or a conversion that is a no-op: `to` or
+    `type_as` to the argument's own dtype and device, which returns the
+    argument itself unless a copy is asked for."""
+    name = bsym.sym.name
+    if name in VIEW_NAMES:
+        return True
+    if name not in ("to", "type_as"):
+        return False
+    if bsym.kwargs.get("copy") or bsym.kwargs.get("memory_format") not in (None, _preserve_format()):
+        return False
+    args = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+    outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+    if not args or len(outs) != 1:
+        return False
+    a, o = args[0], outs[0]
+    return a.dtype == o.dtype and a.device == o.device and tuple(a.shape) == tuple(o.shape)
+
+
+def _preserve_format():
+    import torch
+
+    return torch.preserve_format
+
+
 _ORDER_TAGS = frozenset(
     {OpTags.RANDOM_OP, OpTags.DONT_DCE, OpTags.DEVICE_SYNC_OP, OpTags.IN_PLACE, OpTags.CTX_MANAGER_ENTER_EXIT_OP}
 )
@@ -130,7 +158,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     return _C.plan_trace(
         bsyms,
         tensor_type=TensorProxy,
-        view_names=VIEW_NAMES,
+        view_names=is_view,
         prologue_ids=PROLOGUE_IDS,
         drop_ids=DROP_IDS,
         return_ids=RETURN_IDS,
@@ -172,7 +200,7 @@ def saved_storages(forward_trace) -> dict:
             b = producer.get(p.name)
             if b is None or b.sym.id in PROLOGUE_IDS:
                 return p, True
-            if b.sym.name not in VIEW_NAMES:
+            if not is_view(b):
                 return p, False
             tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy)]
             if not tensors:
@@ -203,4 +231,4 @@ def saved_activations(forward_trace) -> frozenset:
     return frozenset(saved_storages(forward_trace))
 
 
-__all__ = ["plan_trace", "saved_activations", "saved_storages", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+__all__ = ["plan_trace", "saved_activations", "saved_storages", "is_view", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

@@ -51,7 +51,8 @@
  * a storage in the forward (a tensor and its views) are one storage here too.
  *
  * NOTE [views]  A tensor output of an op whose symbol name is in view_names
- * is an alias of the op's first tensor argument: it shares that storage.
+ * (or, when view_names is callable, for which view_names(bsym) is true) is an
+ * alias of the op's first tensor argument: it shares that storage.
  *
  * NOTE [epilogue candidates]  With fuse and an epilogue_pair callable, every
  * op v whose sized inputs are one value x produced by an op u (not a view of
@@ -311,8 +312,16 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     Py_CLEAR(r);
     if (!(symname = PyObject_GetAttrString(sym, "name")))
         goto done;
-    if ((is_view = contains(c->view_names, symname)) < 0)
+    if (PyCallable_Check(c->view_names)) { /* NOTE [views]: a predicate on the bound symbol */
+        if (!(r = PyObject_CallOneArg(c->view_names, bsym)))
+            goto done;
+        is_view = PyObject_IsTrue(r);
+        Py_CLEAR(r);
+        if (is_view < 0)
+            goto done;
+    } else if ((is_view = contains(c->view_names, symname)) < 0) {
         goto done;
+    }
     if (!(args = PyObject_GetAttrString(bsym, "flat_proxy_args")) ||
         !(argseq = PySequence_Fast(args, "flat_proxy_args must be a sequence")))
         goto done;
