@@ -203,11 +203,11 @@ def _line(r):
 
 def table(rows) -> str:
     out = ["| workload | variant | peak MiB | step ms (median) | first call s | matches eager | "
-           "model vs measured, above start: fwd / bwd MiB |",
-           "|---|---|---|---|---|---|---|"]
+           "model / measured peak above start, MiB: forward; backward | bwd start: modelled / saved storages MiB |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['workload']} | {r['variant']} | failed: {r['error'][:60]} | | | | |")
+            out.append(f"| {r['workload']} | {r['variant']} | failed: {r['error'][:60]} | | | | | |")
             continue
         cmp = r.get("compare") or {}
         parts = []
@@ -216,10 +216,13 @@ def table(rows) -> str:
                 c = cmp[kind]
                 parts.append(f"{c['simulated_mib']:.2f} / {c['measured_mib']:.2f}"
                              + ("" if c["within_one_tensor"] else " (!)"))
+        bw = cmp.get("backward")
+        start = "-" if not bw or bw["saved_storages_measured_mib"] is None else (
+            f"{bw['start_simulated_mib']:.2f} / {bw['saved_storages_measured_mib']:.2f}")
         me = r["matches_eager"]
         out.append(f"| {r['workload']} | {r['variant']} | {r['peak_mib']:.2f} | {r.get('step_ms', float('nan')):.1f} | "
                    f"{r['first_call_s']:.1f} | {'-' if me is None else ('yes' if me else 'NO')} | "
-                   f"{'; '.join(parts) or '-'} |")
+                   f"{'; '.join(parts) or '-'} | {start} |")
     return "\n".join(out)
 
 

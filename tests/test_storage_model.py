@@ -178,3 +178,8 @@ def test_storage_information_does_not_leak():
     assert _growth(lambda: _thunder.plan_trace(bsyms, freeable=saved), 1000) < 1 << 20
     assert _growth(lambda: _thunder.plan_trace(bsyms, freeable=shared), 1000) < 1 << 20
     assert _growth(bad, 1000) < 1 << 20
+
+
+def test_compare_rejects_what_it_cannot_measure():
+    with pytest.raises(ValueError, match="thunder.jit"):
+        compare(lambda x: x, torch.randn(2))

@@ -136,9 +136,16 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
     import thunder
     import torch
 
-    cs = thunder.compile_stats(jfn)
+    try:
+        cs = thunder.compile_stats(jfn)
+    except Exception:
+        cs = None
     if cs is None:
         raise ValueError("compare: expected a function returned by thunder.jit")
+    devices = {t.device.type for t in _tensors((args, kwargs))}
+    if devices - {"cpu"}:
+        raise NotImplementedError(f"compare: CPU tensors only (got {', '.join(sorted(devices))}); "
+                                  "the allocations are read from torch.profiler's CPU events")
     if not cs.interpreter_cache:
         _drop(jfn(*args, **kwargs))  # compile
     entry_idx, entry = _entry(cs)
@@ -228,6 +235,9 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
         if kind == "backward" and "saved" in runtime:
             tc.saved_tensors_measured, tc.saved_storages_measured = runtime["saved"]
         result.traces[kind] = tc
+    if not result.traces:
+        raise RuntimeError("compare: the call did not run the compiled traces (a cache miss: were the "
+                           "arguments of another shape or kind than in the first call?)")
     return result
 
 
