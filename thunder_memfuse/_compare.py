@@ -39,8 +39,9 @@ KNOWN_TEMPORARIES = {
 class TraceComparison:
     kind: str                       # "forward" or "backward"
     steps: list                     # per step: dict(step, op, simulated, measured, diff, flagged, note)
-    start_simulated: int            # modelled bytes live at the start (backward: the saved storages)
+    start_simulated: int            # modelled bytes live at the start (backward: saved storages, incoming grads)
     largest_tensor: int             # bytes of the trace's largest tensor: the tolerance
+    saved_simulated: int | None = None  # backward: the modelled distinct storages the forward saved
     saved_storages_measured: int | None = None  # backward: distinct storages the forward saved (runtime)
     saved_tensors_measured: int | None = None
 
@@ -85,6 +86,8 @@ class Comparison:
                     f"{len(t.flagged)} steps differ by more than one tensor")
             if k == "backward":
                 line += f"; modelled start {t.start_simulated / MIB:.2f} MiB"
+                if t.saved_simulated is not None:
+                    line += f" (saved storages {t.saved_simulated / MIB:.2f} MiB, the rest incoming gradients)"
                 if t.saved_storages_measured is not None:
                     line += (f", the forward saved {t.saved_tensors_measured} tensors in distinct storages of "
                              f"{t.saved_storages_measured / MIB:.2f} MiB")
@@ -218,12 +221,11 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
     events.sort(key=lambda e: (e[0], e[1]))
 
     result = Comparison()
-    freeable = None
-    try:
-        from ._thunder import saved_storages
+    from . import _thunder
 
-        freeable = saved_storages(ftrace)
-    except Exception:
+    try:
+        freeable = _thunder.saved_storages(ftrace)
+    except Exception:  # then the backward's saved tensors count as inputs
         freeable = None
     for kind, trace, ops in (("forward", ftrace, fops), ("backward", btrace if bwd else None, bops)):
         if trace is None:
@@ -231,7 +233,10 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
         measured = _measured(events, kind, len(ops))
         if measured is None:
             continue  # this trace did not run (no backward)
-        tc = _simulated(trace, ops, kind, freeable if kind == "backward" else None, measured)
+        fr = _thunder.backward_freeable(freeable, trace) if kind == "backward" else None
+        tc = _simulated(trace, ops, kind, fr, measured)
+        if kind == "backward" and freeable is not None:
+            tc.saved_simulated = sum(dict(freeable.values()).values())  # bytes per distinct storage key
         if kind == "backward" and "saved" in runtime:
             tc.saved_tensors_measured, tc.saved_storages_measured = runtime["saved"]
         result.traces[kind] = tc

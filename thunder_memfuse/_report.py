@@ -83,7 +83,8 @@ def report(jfn) -> dict:
     """Per trace ("forward", "backward"): peak before/after, regions before/after,
     proven optimal or not, and the largest tensors live at the peak.  Peaks are
     above the trace's inputs; start_bytes is what is live when the trace starts
-    (a backward: the distinct storages the forward saved), so the step sees
+    (a backward: the distinct storages the forward saved and the incoming
+    gradients, each freed after its last use), so the step sees
     peak_after_bytes - start_bytes on top of what the forward left."""
     out = {}
     for kind, info in _memfuse_traces(jfn).items():
@@ -120,7 +121,8 @@ def format_report(rep: dict) -> str:
     for kind, r in rep.items():
         lines.append(
             f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB"
-            + (f" (from a start of {r['start_bytes'] / 2**20:.2f} MiB: the storages the forward saved)"
+            + (f" (from a start of {r['start_bytes'] / 2**20:.2f} MiB: the storages the forward saved and the "
+               f"incoming gradients)"
                if r.get("start_bytes") else "") + ", "
             f"regions {r['regions_before']} -> {r['regions_after']}, "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"

@@ -225,10 +225,45 @@ def _proxy_bytes(p) -> int:
     return int(math.ceil(n * p.dtype.bytes))
 
 
+def incoming_gradients(backward_trace) -> dict:
+    """{name: (name, bytes)} for the tensors a backward trace unpacks from its
+    second argument (the gradients of the forward's outputs).  Thunder's
+    backward clears that collection, so, like the saved activations, each is
+    freed after its last use (NOTE [saved storages])."""
+    try:
+        params = [a[0] if isinstance(a, tuple) else a for a in backward_trace.siginfo().args]
+    except Exception:
+        return {}
+    if len(params) < 2:
+        return {}
+    collections, out = {str(params[1])}, {}
+    for b in backward_trace.bound_symbols:
+        if b.sym.id not in PROLOGUE_IDS and b.sym.id not in DROP_IDS:
+            break
+        args = b.flat_proxy_args
+        if b.sym.id in PROLOGUE_IDS and args and getattr(args[0], "name", None) in collections:
+            for o in b.flat_proxy_outs:
+                if isinstance(o, TensorProxy):
+                    out[o.name] = (o.name, _proxy_bytes(o))
+                else:
+                    collections.add(getattr(o, "name", None))
+    return out
+
+
+def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
+    """What a backward frees after last use: the forward's saved storages
+    (saved_storages) and the incoming gradients (None: nothing known)."""
+    if saved is None:
+        return None
+    out = dict(incoming_gradients(backward_trace))
+    out.update(saved)
+    return out
+
+
 def saved_activations(forward_trace) -> frozenset:
     """Names of the tensors an augmented forward saves for backward that are not
     (views of) its own inputs (the keys of saved_storages)."""
     return frozenset(saved_storages(forward_trace))
 
 
-__all__ = ["plan_trace", "saved_activations", "saved_storages", "is_view", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+__all__ = ["plan_trace", "saved_activations", "saved_storages", "incoming_gradients", "backward_freeable", "is_view", "effects", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

@@ -175,6 +175,7 @@ class MemFuse(Transform):
                 self._saved_activations = None
         elif is_backward:
             freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
+            freeable = _thunder.backward_freeable(freeable, trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
             self._saved_activations = None
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms), freeable=freeable)
