@@ -119,6 +119,7 @@ def _compare_figures(compiled, w):
         out[kind] = dict(simulated_mib=t.simulated_peak / MIB, measured_mib=t.measured_peak / MIB,
                          largest_tensor_mib=t.largest_tensor / MIB, within_one_tensor=t.within_one_tensor,
                          flagged_steps=len(t.flagged), start_simulated_mib=t.start_simulated / MIB,
+                         saved_simulated_mib=None if t.saved_simulated is None else t.saved_simulated / MIB,
                          saved_storages_measured_mib=(None if t.saved_storages_measured is None
                                                       else t.saved_storages_measured / MIB))
     return out
@@ -203,7 +204,7 @@ def _line(r):
 
 def table(rows) -> str:
     out = ["| workload | variant | peak MiB | step ms (median) | first call s | matches eager | "
-           "model / measured peak above start, MiB: forward; backward | bwd start: modelled / saved storages MiB |",
+           "model / measured peak above start, MiB: forward; backward | saved storages: modelled / measured MiB |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
@@ -217,8 +218,8 @@ def table(rows) -> str:
                 parts.append(f"{c['simulated_mib']:.2f} / {c['measured_mib']:.2f}"
                              + ("" if c["within_one_tensor"] else " (!)"))
         bw = cmp.get("backward")
-        start = "-" if not bw or bw["saved_storages_measured_mib"] is None else (
-            f"{bw['start_simulated_mib']:.2f} / {bw['saved_storages_measured_mib']:.2f}")
+        start = "-" if not bw or bw["saved_storages_measured_mib"] is None or bw["saved_simulated_mib"] is None else (
+            f"{bw['saved_simulated_mib']:.2f} / {bw['saved_storages_measured_mib']:.2f}")
         me = r["matches_eager"]
         out.append(f"| {r['workload']} | {r['variant']} | {r['peak_mib']:.2f} | {r.get('step_ms', float('nan')):.1f} | "
                    f"{r['first_call_s']:.1f} | {'-' if me is None else ('yes' if me else 'NO')} | "
