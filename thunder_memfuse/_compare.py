@@ -157,7 +157,6 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
 
     from thunder.common import transform_to_torch_types
 
-    marks = []          # (kind, index) per marker, in call order is read from the profiler
     runtime = {}
     fmarked, fops = _marked(ftrace, "forward")
     comp = transform_to_torch_types(fmarked).python_callable()
