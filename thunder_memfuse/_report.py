@@ -153,7 +153,11 @@ def report(jfn) -> dict:
     position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors; and
     largest_live_at_peak: [(proxy name, bytes, where)], where names the op that
     made the tensor and, when Thunder recorded it, the user's source line
-    ("mul, model.py:42"; for a backward's saved tensor, the forward's line).
+    ("mul, model.py:42"; for a backward's saved tensor, the forward's line);
+    start_bytes: what is live when the trace starts (a backward: the distinct
+    storages the forward saved and the incoming gradients, each freed after
+    its last use), so the step sees peak_after_bytes - start_bytes on top of
+    what the forward left (peak_above_start_bytes).
     """
     out = {}
     traces = _memfuse_traces(jfn)
@@ -165,8 +169,13 @@ def report(jfn) -> dict:
             for k, v in fwd_origins.items():
                 if "," not in origins.get(k, ""):
                     origins[k] = f"saved: {v}"
-        (_, _, _), (peak_after, steps_after, _) = _schedules(info)
+        (_, _, _), (peak_after, steps_after, live_after) = _schedules(info)
+        # in measured terms: a backward starts with the storages the forward saved
+        # (each counted once: trace.c NOTE [saved storages]), made by its op 0
+        start = live_after[0] if info.get("saved_op") and live_after else 0
         out[kind] = {
+            "start_bytes": start,
+            "peak_above_start_bytes": plan["peak_bytes"] - start,
             "peak_before_bytes": plan["baseline_peak_bytes"],
             "peak_after_bytes": plan["peak_bytes"],
             "unfused_peak_bytes": plan["unfused_peak_bytes"],
@@ -234,7 +243,10 @@ def format_report(rep: dict, *, explain: bool = True) -> str:
     for kind, r in rep.items():
         lines.append(
             f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB "
-            f"(lower bound {r['lower_bound_bytes'] / 2**20:.2f}), "
+            f"(lower bound {r['lower_bound_bytes'] / 2**20:.2f})"
+            + (f" (from a start of {r['start_bytes'] / 2**20:.2f} MiB: the storages the forward saved and the "
+               f"incoming gradients)"
+               if r.get("start_bytes") else "") + ", "
             f"regions {r['regions_before']} -> {r['regions_after']}"
             + (f" ({r['kernels']})" if r.get("kernels") and r["regions_after"] else "") + ", "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"

@@ -8,6 +8,7 @@ so it follows the installed Thunder.
 from __future__ import annotations
 
 import functools
+import math
 
 import thunder.torch as ltorch
 from thunder.core.prims import OpTags, PrimIDs
@@ -27,11 +28,44 @@ RETURN_IDS = frozenset({PrimIDs.RETURN})
 # they are no-ops, and counting an allocation that does not happen only makes
 # the plan conservative.
 _MAY_COPY = {"to", "contiguous", "type_as"}
-VIEW_NAMES = frozenset(
+_VIEW_BASE = frozenset(
     {s.name for s in ltorch._syms_returning_views | ltorch._syms_that_may_return_views if s.name not in _MAY_COPY}
     | {"broadcast_in_dim", "reshape", "transpose", "squeeze", "slice", "slice_prim", "view", "shallow_copy",
        "expand", "permute", "unsqueeze", "flatten", "split", "chunk", "getitem", "select"}
 )
+# The torch executor runs some view prims under names of its own
+# (torch_prims_reshape_impl, torch_slice_prim_impl): the final trace holds those.
+VIEW_NAMES = _VIEW_BASE | frozenset(
+    f for n in _VIEW_BASE for f in (f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl")
+)
+
+
+
+def is_view(bsym) -> bool:
+    """Does bsym's tensor output share its first tensor argument's storage?
+    A view op by name (VIEW_NAMES), or a conversion that is a no-op: `to` or
+    `type_as` to the argument's own dtype and device, which returns the
+    argument itself unless a copy is asked for."""
+    name = bsym.sym.name
+    if name in VIEW_NAMES:
+        return True
+    if name not in ("to", "type_as"):
+        return False
+    if bsym.kwargs.get("copy") or bsym.kwargs.get("memory_format") not in (None, _preserve_format()):
+        return False
+    args = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+    outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+    if not args or len(outs) != 1:
+        return False
+    a, o = args[0], outs[0]
+    return a.dtype == o.dtype and a.device == o.device and tuple(a.shape) == tuple(o.shape)
+
+
+def _preserve_format():
+    import torch
+
+    return torch.preserve_format
+
 
 _ORDER_TAGS = frozenset(
     {OpTags.RANDOM_OP, OpTags.DONT_DCE, OpTags.DEVICE_SYNC_OP, OpTags.IN_PLACE, OpTags.CTX_MANAGER_ENTER_EXIT_OP}
@@ -156,7 +190,9 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     """Run the C trace reader and planner on a list of bound symbols.
 
     freeable: names of prologue tensors the trace frees after their last use
-    (a backward's saved activations: trace.c NOTE [freeable saved tensors]).
+    (a backward's saved activations: trace.c NOTE [freeable saved tensors]),
+    or saved_storages()'s mapping {name: (storage key, bytes)}, which also says
+    which of them share one storage.
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
     regions.nvrtc.epilogue_pair; trace.c NOTE [epilogue candidates]).
     comm_overlap: issue collectives early and waits late within the planned
@@ -167,7 +203,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         bsyms,
         # futures are sized like tensors (trace.c NOTE [collectives])
         tensor_type=(TensorProxy, FutureTensorProxy),
-        view_names=VIEW_NAMES,
+        view_names=is_view,
         prologue_ids=PROLOGUE_IDS,
         drop_ids=DROP_IDS,
         return_ids=RETURN_IDS,
@@ -175,38 +211,105 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         fusible=_never_random(fusible or _fusible_predicate()),
         max_states=max_states,
         fuse=fuse,
-        freeable=frozenset(freeable or ()),
+        freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
         epilogue_pair=epilogue_pair,
         comm_overlap=comm_overlap,
     )
 
 
-def saved_activations(forward_trace) -> frozenset:
-    """Names of the tensors an augmented forward saves for backward that are not
-    (views of) its own inputs: parameters and inputs stay alive in the caller,
-    activations die with their last use in the backward."""
+def saved_storages(forward_trace) -> dict:
+    """The storages an augmented forward saves for backward (NOTE [saved storages]).
+
+    Returns {saved name: (storage key, storage bytes)} for the saved tensors
+    that are not (views of) the forward's inputs: names with the same key share
+    one storage, of the given bytes (its root's, which need not be saved
+    itself).  Parameters, inputs and their views are left out: they stay alive
+    in the caller, while activations die with their last use in the backward."""
     from thunder.core.vjp_utils import get_saved_for_backward_tensors
 
     producer = {}
-    for b in forward_trace.bound_symbols:
-        for o in b.flat_proxy_outs:
-            producer.setdefault(o.name, b)
 
-    def is_input(p):
+    def index(bsyms, outer=None):
+        for b in bsyms:
+            # a fusion's subsymbols say how its outputs were made (a view inside
+            # a region is still a view of another output)
+            if b.subsymbols and getattr(b.sym, "is_fusion", False):
+                index(b.subsymbols, b)
+            for o in b.flat_proxy_outs:
+                producer.setdefault(o.name, b)
+
+    index(forward_trace.bound_symbols)
+
+    def root(p):
+        """(root proxy, is an input) of p's view chain."""
         for _ in range(10_000):  # view chains are short; the bound guards a cycle
             b = producer.get(p.name)
             if b is None or b.sym.id in PROLOGUE_IDS:
-                return True
-            if b.sym.name not in VIEW_NAMES:
-                return False
+                return p, True
+            if not is_view(b):
+                return p, False
             tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy)]
             if not tensors:
-                return False
+                return p, False
             p = tensors[0]
-        return True
+        return p, True
 
-    saved = get_saved_for_backward_tensors(forward_trace)
-    return frozenset(s.name for s in saved if isinstance(s, TensorProxy) and not is_input(s))
+    out = {}
+    for s in get_saved_for_backward_tensors(forward_trace):
+        if not isinstance(s, TensorProxy) or s.name in out:
+            continue
+        r, is_input = root(s)
+        if not is_input:
+            out[s.name] = (r.name, _proxy_bytes(r))
+    return out
 
 
-__all__ = ["plan_trace", "saved_activations", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+def _proxy_bytes(p) -> int:
+    n = 1
+    for d in p.shape:
+        n *= int(d if isinstance(d, int) else getattr(d, "value", d))
+    return int(math.ceil(n * p.dtype.bytes))
+
+
+def incoming_gradients(backward_trace) -> dict:
+    """{name: (name, bytes)} for the tensors a backward trace unpacks from its
+    second argument (the gradients of the forward's outputs).  Thunder's
+    backward clears that collection, so, like the saved activations, each is
+    freed after its last use (NOTE [saved storages])."""
+    try:
+        params = [a[0] if isinstance(a, tuple) else a for a in backward_trace.siginfo().args]
+    except Exception:
+        return {}
+    if len(params) < 2:
+        return {}
+    collections, out = {str(params[1])}, {}
+    for b in backward_trace.bound_symbols:
+        if b.sym.id not in PROLOGUE_IDS and b.sym.id not in DROP_IDS:
+            break
+        args = b.flat_proxy_args
+        if b.sym.id in PROLOGUE_IDS and args and getattr(args[0], "name", None) in collections:
+            for o in b.flat_proxy_outs:
+                if isinstance(o, TensorProxy):
+                    out[o.name] = (o.name, _proxy_bytes(o))
+                else:
+                    collections.add(getattr(o, "name", None))
+    return out
+
+
+def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
+    """What a backward frees after last use: the forward's saved storages
+    (saved_storages) and the incoming gradients (None: nothing known)."""
+    if saved is None:
+        return None
+    out = dict(incoming_gradients(backward_trace))
+    out.update(saved)
+    return out
+
+
+def saved_activations(forward_trace) -> frozenset:
+    """Names of the tensors an augmented forward saves for backward that are not
+    (views of) its own inputs (the keys of saved_storages)."""
+    return frozenset(saved_storages(forward_trace))
+
+
+__all__ = ["plan_trace", "saved_activations", "saved_storages", "incoming_gradients", "backward_freeable", "is_view", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

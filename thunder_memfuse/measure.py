@@ -7,6 +7,8 @@
   the call's wall time (for thunder_memfuse.plot.plot_memory_over_time).
 - cuda_peak_bytes(fn, *args): torch.cuda.max_memory_allocated around one call
   (warm-up, gc, empty_cache, reset, call: the seed case's own measurement).
+- compare(jfn, *args): the model against the measurement, step by step of
+  the final traces (thunder_memfuse/_compare.py).
 - trace_peak_bytes(trace): Thunder's own estimator on a final trace
   (thunder.examine.memory_calculation.get_alloc_memory), minus the arguments
   it counts, so that it is the peak above the inputs.
@@ -143,3 +145,12 @@ def _tensor_bytes(p):
     for d in p.shape:
         n *= int(d)
     return int(n * p.dtype.bytes)
+
+
+def compare(jfn, *args, **kwargs):
+    """Line up, step by step of a jitted function's final traces, the simulated
+    live bytes against the measured allocations (thunder_memfuse/_compare.py).
+    Returns a Comparison: .summary(), .table(), .rows(), .flagged, .plot()."""
+    from ._compare import compare as _compare
+
+    return _compare(jfn, *args, **kwargs)

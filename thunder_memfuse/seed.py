@@ -9,10 +9,12 @@ Thunder's dataflow fusion gives it: every path's intermediate live at once).
     python -m thunder_memfuse.seed [--device cpu|cuda] [--paths 10] [--size 256]
 
 1. Plans the seed graph with the C core for both functions and prints the plan.
-2. Runs both functions eagerly, under Thunder's default, under Thunder with
-   dataflow fusion of elementwise ops (the seed's problem, reproduced on CPU by
-   thunder_memfuse.baseline), and under memfuse, and prints each one's peak
-   above the inputs: Thunder's own estimate on the final trace
+2. Runs both functions under the real peers: eagerly, under torch.compile,
+   Thunder's default, Thunder with its CPU fusion executor
+   (executors=["torchcompile"]: the seed's problem, since that executor fuses
+   the independent paths into one region), memfuse, and memfuse added to the
+   torchcompile executor; prints each one's peak above the inputs: Thunder's
+   own estimate on the final trace
    (get_alloc_memory) and the measured peak (torch.profiler allocations on CPU,
    torch.cuda.max_memory_allocated on CUDA).
 """
@@ -140,7 +142,6 @@ def thunder_section(device, n_paths, size, iters=1, time_iters=0):
 
     import thunder
     from thunder_memfuse import MemFuse
-    from thunder_memfuse.baseline import ElementwiseFusion
     from thunder_memfuse.measure import cpu_peak_bytes, cuda_peak_bytes, trace_peak_bytes
 
     torch.manual_seed(0)
@@ -150,17 +151,24 @@ def thunder_section(device, n_paths, size, iters=1, time_iters=0):
 
     def variants(fn):
         yield "eager", fn, None
+        if device == "cpu" or torch.cuda.is_available():
+            yield "torch.compile", torch.compile(fn), None
         yield "thunder default", thunder.jit(fn), "jit"
-        yield ("thunder dataflow", thunder.jit(fn, transforms=[ElementwiseFusion()],
-                                               fusion_type="dataflow"), "jit")
+        yield "thunder + torchcompile", thunder.jit(fn, executors=["torchcompile"]), "jit"
         yield "memfuse", thunder.jit(fn, transforms=[MemFuse()]), "jit"
+        yield "torchcompile + memfuse", thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse()]), "jit"
 
     results = {}
     for fname, fn in FUNCTIONS.items():
         expected = fn(list(t0s), a)
         for vname, f, kind in variants(fn):
-            f(list(t0s), a)  # warm up / compile
-            peak, out = measure(f, list(t0s), a)
+            try:
+                f(list(t0s), a)  # warm up / compile
+                peak, out = measure(f, list(t0s), a)
+            except Exception as e:  # a peer that cannot run here (no C compiler for torch.compile, say)
+                results[(fname, vname)] = dict(measured_mib=None, trace_mib=None, matches_eager=None,
+                                               error=f"{type(e).__name__}: {e}".splitlines()[0][:120])
+                continue
             est = None
             if kind == "jit":
                 est = trace_peak_bytes(thunder.last_traces(f)[-1]) / MIB
@@ -196,6 +204,9 @@ def print_table(results, device):
     print(f"| function | variant | peak above inputs ({meas}) | Thunder estimate (get_alloc_memory) | result |")
     print("|---|---|---|---|---|")
     for (fname, vname), r in results.items():
+        if r.get("error"):
+            print(f"| {fname} | {vname} | could not run: {r['error']} | - | - |")
+            continue
         est = "-" if r["trace_mib"] is None else f"{r['trace_mib']:.2f} MiB"
         print(f"| {fname} | {vname} | {r['measured_mib']:.2f} MiB | {est} | "
               f"{'matches eager' if r['matches_eager'] else 'DIFFERS'} |")

@@ -188,13 +188,16 @@ class MemFuse(Transform):
         bsyms = list(trace.bound_symbols)
         freeable = None
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
-            # remembered for the backward, which Thunder hands over right after
+            # remembered for the backward, which Thunder hands over right after:
+            # which saved tensors are activations, and which share a storage
+            # (_thunder.py saved_storages, trace.c NOTE [saved storages])
             try:
-                self._saved_activations = _thunder.saved_activations(trace)
+                self._saved_activations = _thunder.saved_storages(trace)
             except Exception:  # then the backward treats every saved tensor as an input
                 self._saved_activations = None
         elif is_backward:
             freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
+            freeable = _thunder.backward_freeable(freeable, trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
             self._saved_activations = None
         compiler = self._compiler_for(bsyms)
@@ -226,6 +229,7 @@ class MemFuse(Transform):
             "plan": plan,
             "graph": res["graph"],
             "names": res["names"],
+            "saved_op": res.get("saved_op", False),  # op 0 makes the saved tensors (trace.c)
             "regions_before": sum(1 for b in bsyms if getattr(b.sym, "is_fusion", False)),
             "regions_after": n_regions + sum(
                 1 for g in res["groups"] if len(g) == 1 and getattr(g[0].sym, "is_fusion", False)),

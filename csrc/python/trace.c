@@ -11,7 +11,8 @@
  * and returns the bound symbols regrouped in the planned order:
  *
  *   {"prologue": [bsym...], "groups": [[bsym...]...], "epilogue": [bsym...],
- *    "plan": {...core plan...}, "graph": {plan() arguments}, "names": [...]}
+ *    "plan": {...core plan...}, "graph": {plan() arguments}, "names": [...],
+ *    "saved_op": op 0 is the virtual op making the saved tensors (below)}
  *
  * Classification (the sets and callables come from thunder_memfuse/_thunder.py,
  * which knows Thunder's symbols; this file knows none by name):
@@ -59,8 +60,12 @@
  * the planner is rewarded for finishing with a saved tensor early.  Its group
  * is dropped from the result.
  *
+ * With storage information (NOTE [saved storages]), saved tensors that share
+ * a storage in the forward (a tensor and its views) are one storage here too.
+ *
  * NOTE [views]  A tensor output of an op whose symbol name is in view_names
- * is an alias of the op's first tensor argument: it shares that storage.
+ * (or, when view_names is callable, for which view_names(bsym) is true) is an
+ * alias of the op's first tensor argument: it shares that storage.
  *
  * NOTE [epilogue candidates]  With fuse and an epilogue_pair callable, every
  * op v whose sized inputs are one value x produced by an op u (not a view of
@@ -328,8 +333,16 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         fus = 0;
     if (!(symname = PyObject_GetAttrString(sym, "name")))
         goto done;
-    if ((is_view = contains(c->view_names, symname)) < 0)
+    if (PyCallable_Check(c->view_names)) { /* NOTE [views]: a predicate on the bound symbol */
+        if (!(r = PyObject_CallOneArg(c->view_names, bsym)))
+            goto done;
+        is_view = PyObject_IsTrue(r);
+        Py_CLEAR(r);
+        if (is_view < 0)
+            goto done;
+    } else if ((is_view = contains(c->view_names, symname)) < 0) {
         goto done;
+    }
     if (!(args = PyObject_GetAttrString(bsym, "flat_proxy_args")) ||
         !(argseq = mf_py_tuple(args, "flat_proxy_args")))
         goto done;
@@ -573,13 +586,85 @@ done:
     return d;
 }
 
+/* NOTE [saved storages]: the value of a freeable saved tensor p, made by the
+ * virtual op 0.  With `freeable` a dict {name: (storage key, storage bytes)}
+ * (thunder_memfuse/_thunder.py saved_storages), saved tensors with the same
+ * key share one storage: the first of a group creates its root (p itself when
+ * p is the root, named by the key; else a value of the key's bytes named
+ * "storage(key)"), the others are views of it, so the storage counts once and
+ * is freed after the last reader of any member.  `storages` maps key -> root
+ * value id.  With a set (no storage information) each is its own storage. */
+static int32_t saved_value(walk_t *w, const cfg_t *c, PyObject *p, PyObject *freeable, PyObject *storages)
+{
+    PyObject *name = NULL, *entry, *key, *rootobj, *iv = NULL, *label = NULL;
+    long long nbytes;
+    int32_t root, v = -1;
+    if (!PyDict_Check(freeable))
+        return new_value(w, c, p, -1);
+    if (!(name = PyObject_GetAttrString(p, "name")))
+        return -1;
+    entry = PyDict_GetItemWithError(freeable, name); /* borrowed */
+    if (!entry) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_KeyError, "%S", name);
+        goto done;
+    }
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+        PyErr_Format(PyExc_TypeError, "freeable[%R] must be a (storage key, bytes) tuple", name);
+        goto done;
+    }
+    key = PyTuple_GET_ITEM(entry, 0);
+    if ((nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1))) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "freeable[%R]: storage bytes must be >= 0", name);
+        goto done;
+    }
+    rootobj = PyDict_GetItemWithError(storages, key); /* borrowed */
+    if (!rootobj && PyErr_Occurred())
+        goto done;
+    if (rootobj) {
+        v = new_value(w, c, p, (int32_t)PyLong_AsLong(rootobj));
+        goto done;
+    }
+    {
+        int same = PyObject_RichCompareBool(name, key, Py_EQ);
+        if (same < 0)
+            goto done;
+        if (same) {
+            root = v = new_value(w, c, p, -1);
+        } else {
+            if ((root = mf_gbuf_add_value(&w->g, (int64_t)nbytes, 0)) < 0 || walk_grow_values(w, root + 1) < 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            w->root[root] = root;
+            w->last_writer[root] = -1;
+            w->head[root] = -1;
+            if (!(label = PyUnicode_FromFormat("storage(%S)", key)) || PyList_Append(w->names, label) < 0 ||
+                mf_gbuf_op_out(&w->g, root) < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_NoMemory();
+                goto done;
+            }
+            v = new_value(w, c, p, root);
+        }
+    }
+    if (root < 0 || !(iv = PyLong_FromLong(root)) || PyDict_SetItem(storages, key, iv) < 0)
+        v = -1;
+done:
+    Py_XDECREF(iv);
+    Py_XDECREF(label);
+    Py_DECREF(name);
+    return v;
+}
+
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
                              "effects",    "fusible",     "max_states", "fuse",         "freeable",
                              "epilogue_pair", "comm_overlap", NULL};
     cfg_t c;
-    PyObject *freeable = NULL;
+    PyObject *freeable = NULL, *storages = NULL;
     int virtual_open = 0;
     PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
     PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
@@ -605,6 +690,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_gbuf_init(&w.g);
     w.prev_ordered = -1;
     if (!(w.ids = PyDict_New()) || !(w.names = PyList_New(0)) || !(ops_list = PyList_New(0)) ||
+        !(storages = PyDict_New()) ||
         !(prologue = PyList_New(0)) || !(epilogue = PyList_New(0)))
         goto done;
     if (!(seq = mf_py_tuple(bsyms, "bsyms")))
@@ -689,7 +775,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
                         }
                         virtual_open = 1;
                     }
-                    if ((v = new_value(&w, &c, p, -1)) < 0 || mf_gbuf_op_out(&w.g, v) < 0) {
+                    if ((v = saved_value(&w, &c, p, freeable, storages)) < 0 || mf_gbuf_op_out(&w.g, v) < 0) {
                         if (!PyErr_Occurred())
                             PyErr_NoMemory();
                         Py_DECREF(outs);
@@ -810,8 +896,9 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (!(graph = graph_dict(&w.g)))
         goto done;
-    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "epilogue", epilogue,
-                        "plan", plan, "graph", graph, "names", w.names);
+    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "epilogue",
+                        epilogue, "plan", plan, "graph", graph, "names", w.names, "saved_op",
+                        virtual_open == 2 ? Py_True : Py_False);
 done:
     Py_XDECREF(seq);
     Py_XDECREF(ops_list);
@@ -820,6 +907,7 @@ done:
     Py_XDECREF(plan);
     Py_XDECREF(groups);
     Py_XDECREF(graph);
+    Py_XDECREF(storages);
     walk_free(&w);
     return out;
 }
