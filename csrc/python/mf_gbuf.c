@@ -1,5 +1,6 @@
 /*
- * mf_gbuf.c -- growable graph builder (see mf_gbuf.h).  All functions return
+ * mf_gbuf.c -- growable graph builder (see mf_gbuf.h), and its dict form
+ * (mf_gbuf_to_dict, for reports).  The builder functions return
  * 0 on success and -1 when memory ran out (b->nomem is then set and every
  * later call fails too, so callers may check once at the end).
  */
@@ -7,6 +8,7 @@
 #include <Python.h>
 #include <string.h>
 #include "mf_gbuf.h"
+#include "mf_py.h"
 
 static int grow(void **p, int32_t *cap, int32_t need, size_t elem, int32_t extra)
 {
@@ -212,4 +214,78 @@ void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d)
     d->after = b->after;
     d->epilogue_of = b->n_epi == b->n_ops ? b->epilogue_of : NULL;
     d->comm = b->n_comm == b->n_ops ? b->comm : NULL;
+}
+
+/* The graph as plan() keyword arguments (for reports and timelines). */
+PyObject *mf_gbuf_to_dict(const mf_gbuf *g)
+{
+    PyObject *ops = PyList_New(g->n_ops), *vb = PyList_New(g->n_values), *gi = PyList_New(0), *go = PyList_New(0),
+             *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *cm = PyList_New(0),
+             *d = NULL;
+    int32_t i, k;
+    if (!ops || !vb || !gi || !go || !al || !fu || !af || !cm)
+        goto done;
+    for (i = 0; i < g->n_ops; i++) {
+        PyObject *ins = PyList_New(g->in_ptr[i + 1] - g->in_ptr[i]), *outs, *t;
+        if (!ins)
+            goto done;
+        for (k = g->in_ptr[i]; k < g->in_ptr[i + 1]; k++)
+            PyList_SET_ITEM(ins, k - g->in_ptr[i], PyLong_FromLong(g->in_idx[k]));
+        if (!(outs = PyList_New(g->out_ptr[i + 1] - g->out_ptr[i]))) {
+            Py_DECREF(ins);
+            goto done;
+        }
+        for (k = g->out_ptr[i]; k < g->out_ptr[i + 1]; k++)
+            PyList_SET_ITEM(outs, k - g->out_ptr[i], PyLong_FromLong(g->out_idx[k]));
+        t = PyTuple_Pack(2, ins, outs);
+        Py_DECREF(ins);
+        Py_DECREF(outs);
+        if (!t)
+            goto done;
+        PyList_SET_ITEM(ops, i, t);
+        PyList_SET_ITEM(fu, i, PyBool_FromLong(g->fusible[i]));
+        if (g->comm && g->n_comm == g->n_ops && g->comm[i]) { /* [op, MF_COMM_*] */
+            PyObject *x = Py_BuildValue("(ii)", (int)i, (int)g->comm[i]);
+            if (!x || PyList_Append(cm, x) < 0) {
+                Py_XDECREF(x);
+                goto done;
+            }
+            Py_DECREF(x);
+        }
+    }
+    for (i = 0; i < g->n_values; i++) {
+        PyObject *x;
+        PyList_SET_ITEM(vb, i, PyLong_FromLongLong(g->value_bytes[i]));
+        if (g->is_input[i] && ((x = PyLong_FromLong(i)) == NULL || PyList_Append(gi, x) < 0 || (Py_DECREF(x), 0)))
+            goto done;
+        if (g->is_output[i] && ((x = PyLong_FromLong(i)) == NULL || PyList_Append(go, x) < 0 || (Py_DECREF(x), 0)))
+            goto done;
+        if (g->alias_of[i] >= 0) {
+            if (!(x = Py_BuildValue("(ii)", (int)i, (int)g->alias_of[i])) || PyList_Append(al, x) < 0) {
+                Py_XDECREF(x);
+                goto done;
+            }
+            Py_DECREF(x);
+        }
+    }
+    for (i = 0; i < g->n_after; i++) {
+        PyObject *x = Py_BuildValue("(ii)", (int)g->after[2 * i], (int)g->after[2 * i + 1]);
+        if (!x)
+            goto done;
+        PyList_SET_ITEM(af, i, x);
+    }
+    if (PyErr_Occurred())
+        goto done;
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
+                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af, "comm", cm);
+done:
+    Py_XDECREF(ops);
+    Py_XDECREF(vb);
+    Py_XDECREF(gi);
+    Py_XDECREF(go);
+    Py_XDECREF(al);
+    Py_XDECREF(fu);
+    Py_XDECREF(af);
+    Py_XDECREF(cm);
+    return d;
 }

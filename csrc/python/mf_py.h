@@ -29,4 +29,9 @@ PyObject *mf_py_tuple(PyObject *o, const char *what);
  * bool; TypeError / ValueError naming the range.  0 or -1. */
 int mf_py_max_states(PyObject *ms, long long *out);
 
+/* mf_gbuf.c: a built graph as plan()'s keyword arguments (ops, value_bytes,
+ * graph_inputs, graph_outputs, aliases, fusible, after, comm), for reports
+ * and timelines; NULL with an exception set on failure. */
+PyObject *mf_gbuf_to_dict(const mf_gbuf *g);
+
 #endif /* MF_PY_H */
