@@ -81,6 +81,9 @@ def variants(names=None):
         ("memfuse", lambda fn: thunder.jit(fn, transforms=[MemFuse()])),
         ("torchcompile+memfuse", lambda fn: thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse()])),
     ]
+    if "torchcompile" in memfuse_kernel_values():  # memfuse as the fusion pass in torch.compile's place
+        vs.append(("torchcompile+memfuse kernels=torchcompile",
+                   lambda fn: thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")])))
     for k in memfuse_kernel_values():
         vs.append((f"memfuse kernels={k}", lambda fn, k=k: thunder.jit(fn, transforms=[MemFuse(kernels=k)])))
     if names:

@@ -162,7 +162,7 @@ def test_random_ops_in_a_torchcompile_compilation():
     x = torch.randn(8, 8)
     plain = _run(thunder.jit(f), x)
     assert _same(plain, _run(f, x))
-    jm = thunder.jit(f, executors=["torchcompile"], transforms=[MemFuse(strict=True)])
+    jm = thunder.jit(f, executors=["torchcompile"], transforms=[MemFuse(strict=True, kernels="torchcompile")])
     ours = _run(jm, x)
     assert torch.equal(ours[0], plain[0])
     torch.testing.assert_close(ours[1], plain[1], rtol=1e-5, atol=1e-5)

@@ -58,13 +58,20 @@ def test_torchcompile_regions_hold_reductions_and_match_thunder():
     assert trace._memfuse_info["kernels"] == "torchcompile"
     inside = {s.sym.name for r in _regions(trace) for s in r.subsymbols}
     assert inside & {"mean", "sum", "amax", "softmax", "_softmax"}, inside  # a reduction in a region
-    # the auto default picks torch.compile on a CPU where it works when the compilation
-    # asked for a fusion compiler, and forms the same regions ...
-    auto = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse()])
+    # in torch.compile's place (replace_fusion=True) "auto" picks torch.compile on a CPU where
+    # it works, and forms the same regions ...
+    auto = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse(replace_fusion=True)])
     auto(x, w)
     assert _ours(auto)._memfuse_info["kernels"] == "torchcompile"
     assert len(_regions(_ours(auto))) == len(_regions(trace))
-    # ... and without one only reorders (regions NOTE [auto on CPU]): plain Thunder's numbers
+    # ... by default it keeps the user's torchcompile executor and forms no region of its own ...
+    kept = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse()])
+    for a, b in zip(thunder.jit(_norm_softmax, executors=["torchcompile"])(x, w), kept(x, w)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    info = _ours(kept)._memfuse_info
+    assert info["kernels"] == "fallback" and not info.get("replaced_executors")
+    assert not [r for r in _regions(_ours(kept)) if r.sym.name.startswith("MemFuse")]
+    # ... and without any only reorders (regions NOTE [auto on CPU]): plain Thunder's numbers
     reorder = thunder.jit(_norm_softmax, transforms=[MemFuse()])
     for a, b in zip(plain(x, w), reorder(x, w)):
         assert torch.equal(a, b)
@@ -82,7 +89,7 @@ def test_seed_measured_peak_is_the_planned_peak_and_compiles_once():
     tensor = size * size * 4
     before = dict(tc.stats)
     # memfuse alone with torch.compile asked for, and by default in torch.compile's place
-    for executors, mf in ((None, MemFuse(kernels="torchcompile")), (["torchcompile"], MemFuse())):
+    for executors, mf in ((None, MemFuse(kernels="torchcompile")), (["torchcompile"], MemFuse(kernels="torchcompile"))):
         jf = thunder.jit(memory_peak_inefficient_func, executors=executors, transforms=[mf])
         out = jf(list(t0s), a)
         torch.testing.assert_close(out, memory_peak_inefficient_func(list(t0s), a), rtol=1e-4, atol=1e-3)
@@ -209,7 +216,8 @@ def test_rematerialization_is_kept_on_a_training_step():
         return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
     base = thunder.jit(model, executors=["torchcompile"])
-    ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse()])
+    # memfuse as the fusion pass in torch.compile's place (asked for: NOTE [auto on CPU])
+    ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")])
     want, got = step(base), step(ours)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     for g, h in zip(got[1], want[1]):

@@ -47,7 +47,9 @@ _BACKENDS = ("auto", "cuda", "cpu")
 # single ops.  By default (replace_fusion="auto") the replacement happens where
 # memfuse's regions are really compiled: regions on (fuse not False) and a
 # compiler that works for the trace (nvrtc for CUDA tensors, else torch.compile,
-# else nvFuser: regions.resolve).  With only the op-by-op fallback, taking nvFuser
+# else nvFuser: regions.resolve), except on a CPU trace with kernels="auto", where
+# the torchcompile executor's few large regions beat memfuse's many small ones on
+# speed (regions NOTE [auto on CPU]).  With only the op-by-op fallback, taking nvFuser
 # or torch.compile away would leave their work to single torch ops.  True
 # replaces them everywhere; False keeps them and plans around their regions.
 GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
@@ -152,7 +154,17 @@ class MemFuse(Transform):
         """replace_fusion="auto": will memfuse's compiled regions take over the fusion
         of this trace?  Regions on (fuse not False) and a compiler that works here."""
         bsyms = computation_trace.bound_symbols
-        return self.fuse is not False and self._compiles(self._compiler_for(bsyms), bsyms)
+        if self.fuse is False:
+            return False
+        if self.kernels == "auto" and not _has_cuda_tensors(bsyms):
+            # regions NOTE [auto on CPU]: on a CPU, memfuse's compiled regions are slower than
+            # the torch.compile regions they would replace (many small regions, each paying a
+            # call overhead; benchmarks/RESULTS.md), so by default the user's torchcompile
+            # executor stays and memfuse plans around its regions: never slower, never more
+            # memory.  kernels="torchcompile" or replace_fusion=True trade speed for memory.
+            return False
+        return self._compiles(regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend),
+                              bsyms)
 
     def _compiler_for(self, bsyms) -> str:
         """The region compiler for a trace (regions.resolve)."""
@@ -337,14 +349,14 @@ def _views_only(group) -> bool:
 
 
 def _compiling_peer() -> bool:
-    """Does this compilation use a general fusion compiler, or memfuse's executor in its place
-    (regions NOTE [auto on CPU])?  Outside a compilation: yes (no reason to hold back)."""
+    """Is memfuse this compilation's fusion pass, in the place of a general fusion executor
+    it replaced (regions NOTE [auto on CPU])?  Outside a compilation: yes."""
     try:
         cd = get_compile_data()
         names = {getattr(ex, "name", None) for ex in cd.executors_list}
     except Exception:
         return True
-    return bool(names & set(GENERAL_FUSION_EXECUTORS + ("memfuse",)))
+    return "memfuse" in names
 
 
 def _has_cuda_tensors(bsyms) -> bool:

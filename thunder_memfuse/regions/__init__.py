@@ -49,12 +49,16 @@ def resolve(kernels: str, *, cuda: bool, backend: str = "auto", compiling_peer: 
     kernels=).  An explicit choice that cannot work here, and "auto" with nothing that works, fall
     back with ONE warning per process and reason.
 
-    compiling_peer: did the user's compilation ask for a fusion compiler (torchcompile or nvFuser
-    in its executors)?  NOTE [auto on CPU]: on a CPU trace "auto" compiles regions only then.
+    compiling_peer: is memfuse this compilation's fusion pass, in the place of a general fusion
+    executor it replaced?  NOTE [auto on CPU]: on a CPU trace "auto" compiles regions only then.
     Plain Thunder runs a CPU trace op by op with eager's kernels; Inductor regions in its place
     cost a compile on the first call, a per-region call overhead on every call, and round
     differently (an ulp here and there), so adding memfuse would cost such a user speed and
-    change their numbers.  There memfuse only reorders, which is exact and never slower."""
+    change their numbers.  There memfuse only reorders, which is exact and never slower.  And
+    where the user runs Thunder's torchcompile executor, memfuse's many small compiled regions
+    are slower than its few large ones, so by default (transform.py MemFuse._replaces) memfuse
+    keeps that executor and plans around its regions; kernels="torchcompile" or
+    replace_fusion=True make memfuse the fusion pass, trading speed for memory."""
     if backend == "cpu":
         return "fallback"
     if kernels == "fallback":
