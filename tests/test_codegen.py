@@ -27,7 +27,6 @@ import torch
 
 import thunder_memfuse  # noqa: F401  (applies the Thunder compat shims)
 from thunder_memfuse import _C
-from thunder_memfuse import _C
 from thunder_memfuse.regions import nvrtc as K
 from thunder_memfuse.regions.nvrtc import kernel as K_kernel
 
