@@ -84,6 +84,36 @@ int mf_build_preds(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32
 /* Is order (n ops) a permutation respecting pg's edges?  scratch: n int32. */
 int mf_pg_order_valid(const mf_pg *pg, const int32_t *order, int32_t *scratch);
 
+/* ---- heuristic orders (mf_heur.c) and cut points (mf_cuts.c) ---- */
+
+/* Indexed binary heap of ops keyed by (k1[op], k2[op], op id), least first. */
+typedef struct mf_iheap {
+    int32_t *h;  /* heap of op ids */
+    int32_t *at; /* op -> index in h, or -1 */
+    int32_t size;
+    int64_t *k1, *k2;
+} mf_iheap;
+
+/* Scratch of the heuristic orders, sized for pg by mf_heur_ws_init. */
+typedef struct mf_heur_ws {
+    int32_t *indeg, *rc, *stack;
+    uint8_t *sched;
+    mf_iheap q;
+} mf_heur_ws;
+
+void mf_ih_push(mf_iheap *q, int32_t v);
+int32_t mf_ih_pop(mf_iheap *q);
+int mf_heur_ws_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_heur_ws *w);
+/* NOTE [greedy list scheduler] (variant 0: least net live change, 1: least
+ * bytes allocated) and the depth-first order; each writes n op ids. */
+void mf_greedy_order(const mf_pg *pg, mf_heur_ws *w, int variant, int32_t *order);
+void mf_dfs_order(const mf_pg *pg, mf_heur_ws *w, int32_t *order);
+/* NOTE [cut points]: pieces of the topological order T (piece_of[op]; kind[op]:
+ * 0 regular, 1 floating, 2 trailing, 3 absorbed sink), their count in
+ * *n_pieces. */
+int mf_find_pieces(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *T, int32_t *piece_of,
+                   uint8_t *kind, int32_t *n_pieces);
+
 /* ---- orders (mf_order.c) ---- */
 /* MF_OK when order is a permutation keeping every edge of pg, else MF_EINVAL
  * naming the first problem (what: the argument's name in the message). */
