@@ -18,7 +18,6 @@ to build the step for a compiled callable, and the values the step returns
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -178,15 +177,9 @@ def llama(batch=4, seq=128, dim=256, layers=4, heads=4, vocab=1024, checkpoint=F
 
 
 def nanogpt(batch=4, seq=128, dim=256, layers=4, heads=4, vocab=1024, checkpoint=False, seed=0):
-    from thunder.tests import nanogpt_model
+    from nanogpt_cpu import make_model  # the same model benchmarks/nanogpt_cpu.py and the notebook run
 
-    torch.manual_seed(seed)
-    cfg = nanogpt_model.GPTConfig(n_layer=layers, n_head=heads, n_embd=dim, block_size=seq, vocab_size=vocab,
-                                  dropout=0.0)
-    model = nanogpt_model.GPT(cfg)
-    if checkpoint:
-        for blk in model.transformer.h:
-            blk.forward = functools.partial(torch.utils.checkpoint.checkpoint, blk.forward, use_reentrant=False)
+    model = make_model(layers=layers, embd=dim, heads=heads, seq=seq, vocab=vocab, checkpoint=checkpoint, seed=seed)
     idx = torch.randint(0, vocab, (batch, seq))
     targets = torch.roll(idx, -1, dims=1)
     name = f"nanogpt {layers}x{dim}, {batch}x{seq}" + (", checkpointed" if checkpoint else "")
