@@ -181,8 +181,16 @@ def _fusible_predicate():
 def _never_random(pred):
     """A region compiler draws random numbers its own way (Inductor's RNG is
     not eager's), so a random op never joins a region: it runs as the same
-    torch call plain Thunder makes (NOTE [random ops])."""
-    return lambda bsym: not is_random(bsym) and bool(pred(bsym))
+    torch call plain Thunder makes (NOTE [random ops]).  The predicate's level is
+    kept: 2 is "fusible, its tensors stored" (regions/torchcompile.py NOTE
+    [extern ops in regions])."""
+    def level(bsym):
+        if is_random(bsym):
+            return False
+        v = pred(bsym)
+        return 2 if type(v) is int and v == 2 else bool(v)
+
+    return level
 
 
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None,

@@ -76,6 +76,9 @@ int mf_set_error(mf_ctx *ctx, int status, const char *fmt, ...) MF_PRINTF_FMT(3,
 
 /* A graph, described by flat arrays owned by the caller (not copied by
  * mf_graph_check; mf_plan copies what it needs). */
+#define MF_FUSIBLE 1
+#define MF_FUSIBLE_STORED 2
+
 typedef struct mf_graph_desc {
     int32_t n_ops;
     int32_t n_values;
@@ -87,7 +90,13 @@ typedef struct mf_graph_desc {
     const int32_t *alias_of;    /* n_values: base value id or -1; may be NULL */
     const uint8_t *is_input;    /* n_values: graph input; may be NULL */
     const uint8_t *is_output;   /* n_values: graph output; may be NULL */
-    const uint8_t *fusible;     /* n_ops; may be NULL (nothing fusible) */
+    /* n_ops; may be NULL (nothing fusible).  0: runs alone; MF_FUSIBLE: may
+     * join a fused group, whose inner values are never stored; MF_FUSIBLE_STORED:
+     * may join one, but as an extern call of the group's program (a GEMM in an
+     * Inductor region), so every storage it reads or allocates is stored while
+     * its group runs (NOTE [stored inner values], mf_fuse.c).  Other nonzero
+     * values mean MF_FUSIBLE. */
+    const uint8_t *fusible;
     int32_t n_after;            /* ordering edges: op after[2i] runs before after[2i+1] */
     const int32_t *after;
     /* n_ops; may be NULL.  epilogue_of[v] = u (else -1): v may run fused

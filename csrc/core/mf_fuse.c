@@ -26,6 +26,20 @@
  * is planned without knowing about pairs (the unfused model), so a pair is
  * formed only where the planned order already puts v right after u.
  *
+ * NOTE [stored inner values]
+ * An op given as MF_FUSIBLE_STORED (mf_core.h) may join a group, but as an
+ * extern call inside the group's program: Inductor runs a GEMM as a library
+ * call on stored buffers, so its inputs and its result exist in memory even
+ * when no op outside the group reads them.  Every storage such an op reads
+ * or allocates is marked (pg->smat); the fused rule then counts a marked
+ * storage allocated in the group as if it were read after the group: stored
+ * from its allocation to the group's end.  That is an upper bound of what
+ * the compiler keeps (it may free the buffer at its last use inside the
+ * program), so the planned peak of such a group is never below the real
+ * one.  An unmarked inner value stays free.  Epilogue pairs keep their own,
+ * exact rule: their GEMM result is written over by the epilogue.  A group of
+ * one op counts everything it allocates, marked or not.
+ *
  * NOTE [group length cap]
  * A fused group holds at most MF_FUSE_MAX_GROUP (512) ops, which keeps both
  * DPs O(n * 512 + deaths * 512).  Longer runs of fusible ops are split; the
@@ -58,7 +72,7 @@ static int64_t fused_allocs(const fuse_ws *w, int32_t p, int32_t j)
     int64_t sum = 0;
     for (q = pg->oalloc_ptr[v]; q < pg->oalloc_ptr[v + 1]; q++) {
         int32_t s = pg->oalloc[q];
-        if (pg->sout[s] || w->lastpos[s] >= j)
+        if (pg->sout[s] || w->lastpos[s] >= j || pg->smat[s])
             sum += pg->sbytes[s];
     }
     return sum;
@@ -130,7 +144,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
                 break;
             for (q = w->dptr[j - 1 - a]; q < w->dptr[j - a]; q++) {
                 int32_t s = w->didx[q];
-                if (w->apos[s] >= i)
+                if (w->apos[s] >= i && !pg->smat[s])
                     A -= pg->sbytes[s];
             }
             A += fused_allocs(w, j - 1, j);
@@ -151,6 +165,8 @@ static int64_t group_cost(const fuse_ws *w, int32_t i, int32_t j)
     int32_t p;
     if (j == i + 1)
         return w->L[i] + w->pg->abytes[w->order[i]];
+    if (j == i + 2 && epilogue_pair(w, i)) /* the pair's rule is never above the fused one */
+        return w->L[i] + fused_allocs(w, i + 1, i + 2);
     for (p = i; p < j; p++)
         sum += fused_allocs(w, p, j);
     return w->L[i] + sum;

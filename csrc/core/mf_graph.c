@@ -430,7 +430,8 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
     pg->sbytes = (int64_t *)mf_arena_array(ctx, a, (size_t)ns + 1, sizeof(int64_t));
     pg->salloc = (int32_t *)mf_arena_array(ctx, a, (size_t)ns + 1, sizeof(int32_t));
     pg->sout = (uint8_t *)mf_arena_array(ctx, a, (size_t)ns + 1, 1);
-    if (!pg->sbytes || !pg->salloc || !pg->sout)
+    pg->smat = (uint8_t *)mf_arena_array(ctx, a, (size_t)ns + 1, 1);
+    if (!pg->sbytes || !pg->salloc || !pg->sout || !pg->smat)
         return MF_ENOMEM;
     ns = 0;
     for (v = 0; v < nv; v++) {
@@ -515,6 +516,9 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
         pg->oplb[k] = lb;
         /* a collective or a wait is a step of its own (NOTE [collective overlap]) */
         pg->fusible[k] = (uint8_t)(g->fusible && g->fusible[k] && !(g->comm && g->comm[k]));
+        if (pg->fusible[k] && g->fusible[k] == MF_FUSIBLE_STORED) /* NOTE [stored inner values] */
+            for (j = pg->otouch_ptr[k]; j < pg->otouch_ptr[k + 1]; j++)
+                pg->smat[pg->otouch[j]] = 1;
         pg->epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
         if (g->comm && pg->epi[k] >= 0 && (g->comm[k] || g->comm[pg->epi[k]]))
             pg->epi[k] = -1;

@@ -66,7 +66,8 @@ typedef struct mf_pg {
     int32_t *succ_ptr, *succ;
     int64_t *abytes; /* n: bytes of storages allocated by the op */
     int64_t *oplb;   /* n: bytes of distinct storages read or allocated */
-    uint8_t *fusible; /* n */
+    uint8_t *fusible; /* n: 0, or 1 (fusible); MF_FUSIBLE_STORED is folded into smat */
+    uint8_t *smat;    /* ns: stored even as an inner value of a group (NOTE [stored inner values]) */
     int32_t *epi;     /* n: epilogue_of, or -1 (mf_core.h) */
     int64_t outbytes; /* bytes of all output storages */
 } mf_pg;

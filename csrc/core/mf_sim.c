@@ -11,7 +11,8 @@
  *    deterministic rule.  A group of one op is
  *    an unfused step (counts every storage it allocates); a larger group
  *    counts the storages it allocates that are graph outputs or are read by
- *    some op outside the group.
+ *    some op outside the group, or are stored inner values (mf_fuse.c NOTE
+ *    [stored inner values]) unless the group is an epilogue pair.
  *  - mf_tracker: op-at-a-time live bytes for valid orders, with undo, used by
  *    the scheduler to score candidates without allocating.
  */
@@ -25,6 +26,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
 {
     int32_t n = pg->n, i, k, s, j;
     int32_t *grp, *gsize;
+    uint8_t *pair;
     int64_t *diff, *cnt, peak = 0, live = 0;
 
     if (!group_ptr)
@@ -46,7 +48,8 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     gsize = (int32_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int32_t));
     diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
     cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
-    if (!grp || !gsize || !diff || !cnt)
+    pair = (uint8_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, 1);
+    if (!grp || !gsize || !diff || !cnt || !pair)
         return MF_ENOMEM;
     for (k = 0; k < n; k++)
         grp[k] = -1;
@@ -62,6 +65,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
                 return mf_set_error(ctx, MF_EINVAL, "order is not a permutation: op %d appears twice", (int)v);
             grp[v] = i;
         }
+        pair[i] = (uint8_t)(hi - lo == 2 && pg->epi[order[lo + 1]] == order[lo]);
     }
     for (s = 0; s < pg->ns; s++) {
         int32_t ag = grp[pg->salloc[s]], minr = n_groups, maxr = -1, fx;
@@ -73,7 +77,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
             if (r > maxr)
                 maxr = r;
         }
-        if (gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag)
+        if (gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag || (pg->smat[s] && !pair[ag]))
             cnt[ag] += b;
         fx = pg->sout[s] ? n_groups : (maxr > ag ? maxr : ag); /* gone from live_after[fx] */
         diff[ag] += b;

@@ -122,8 +122,20 @@ int mf_gbuf_begin_op(mf_gbuf *b, int fusible)
     }
     b->in_ptr[b->n_ops] = b->n_in;
     b->out_ptr[b->n_ops] = b->n_out;
-    b->fusible[b->n_ops] = (uint8_t)(fusible != 0);
+    b->fusible[b->n_ops] = (uint8_t)(fusible == MF_FUSIBLE_STORED ? MF_FUSIBLE_STORED : fusible != 0);
     return 0;
+}
+
+int mf_fusible_level(PyObject *x)
+{
+    if (PyLong_CheckExact(x)) {
+        long v = PyLong_AsLong(x);
+        if (v == -1 && PyErr_Occurred())
+            PyErr_Clear(); /* a huge int: by its truth */
+        else if (v == MF_FUSIBLE_STORED)
+            return MF_FUSIBLE_STORED;
+    }
+    return PyObject_IsTrue(x);
 }
 
 int mf_gbuf_op_in(mf_gbuf *b, int32_t v)
@@ -243,7 +255,8 @@ PyObject *mf_gbuf_to_dict(const mf_gbuf *g)
         if (!t)
             goto done;
         PyList_SET_ITEM(ops, i, t);
-        PyList_SET_ITEM(fu, i, PyBool_FromLong(g->fusible[i]));
+        PyList_SET_ITEM(fu, i, g->fusible[i] == MF_FUSIBLE_STORED ? PyLong_FromLong(MF_FUSIBLE_STORED)
+                                                                  : PyBool_FromLong(g->fusible[i]));
         if (g->comm && g->n_comm == g->n_ops && g->comm[i]) { /* [op, MF_COMM_*] */
             PyObject *x = Py_BuildValue("(ii)", (int)i, (int)g->comm[i]);
             if (!x || PyList_Append(cm, x) < 0) {

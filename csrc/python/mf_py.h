@@ -33,5 +33,8 @@ int mf_py_max_states(PyObject *ms, long long *out);
  * graph_inputs, graph_outputs, aliases, fusible, after, comm), for reports
  * and timelines; NULL with an exception set on failure. */
 PyObject *mf_gbuf_to_dict(const mf_gbuf *g);
+/* The fusible level of a Python answer (mf_core.h): the int MF_FUSIBLE_STORED
+ * (2) as itself, anything else by its truth; -1 with an exception set. */
+int mf_fusible_level(PyObject *x);
 
 #endif /* MF_PY_H */

@@ -359,7 +359,7 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
         PyObject *op;
         int fu = 0;
         snprintf(name, sizeof name, "ops[%zd]", i);
-        if (fu_seq && (fu = PyObject_IsTrue(PyTuple_GET_ITEM(fu_seq, i))) < 0)
+        if (fu_seq && (fu = mf_fusible_level(PyTuple_GET_ITEM(fu_seq, i))) < 0)
             goto done;
         if (!(op = as_seq(PyTuple_GET_ITEM(ops_seq, i), name)))
             goto done;

@@ -326,7 +326,7 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         goto done;
     if (!(r = PyObject_CallOneArg(c->fusible, bsym)))
         goto done;
-    if ((fus = PyObject_IsTrue(r)) < 0)
+    if ((fus = mf_fusible_level(r)) < 0)
         goto done;
     Py_CLEAR(r);
     if (flags & (MF_EFF_COMM | MF_EFF_WAIT)) /* NOTE [collectives] */

@@ -1,6 +1,6 @@
-"""The "torchcompile" region compiler: each memfuse region is built by Thunder's torch.compile
-executor (thunder.executors.torch_compile.make_compiled), so Inductor compiles it: C++/OpenMP on
-CPU, Triton on GPU.
+"""The "torchcompile" region compiler: each memfuse region is compiled by Inductor, from the
+program Thunder's torch.compile executor would hand it (thunder.executors.torch_compile.make_compiled):
+C++/OpenMP on CPU, Triton on GPU, called without Dynamo (NOTE [regions without Dynamo]).
 
 What a region may hold is what that executor can claim (reductions, norms, softmax, not only
 elementwise ops), less what would change a program's numbers or effects: random ops (Inductor draws
@@ -9,12 +9,13 @@ ordered ops.
 
 NOTE [extern ops in regions]: the cost model counts a region's inner values as never stored, which
 holds for what Inductor fuses into its loops.  A matmul, a convolution or an attention kernel is an
-extern call in Inductor's program: its inputs are stored in buffers, so a matmul inside a region
-would let the planner believe values are free that exist (the seed: one region of all 40 ops, planned
-0.25 MiB, measured 2.75).  Such ops therefore stay outside regions, with one exception the model
-states exactly: an epilogue pair [gemm, elementwise op of its result alone] (mf_fuse.c NOTE
-[epilogue pairs]), where Inductor writes the elementwise result over the GEMM's buffer, so the
-pair stores one tensor, as planned.
+extern call in Inductor's program: its inputs and its result are stored in buffers.  Such an op may
+join a region all the same, as STORED (fusible() returns 2, the core's MF_FUSIBLE_STORED): the
+planner then counts every storage it reads or writes as stored while the region runs (mf_fuse.c
+NOTE [stored inner values]), so a GEMM sits inside a region only where that does not raise the
+peak, and the seed keeps its 0.25 MiB paths apart.  Fewer regions are fewer calls.  An epilogue pair
+[gemm, elementwise op of its result alone] (mf_fuse.c NOTE [epilogue pairs]) keeps its exact rule:
+Inductor writes the elementwise result over the GEMM's buffer, so the pair stores one tensor.
 
 NOTE [region compile cache]: a region is compiled once per program.  The key is the region's
 Thunder program as Python source with every proxy renamed by order of first appearance, plus each
@@ -136,25 +137,58 @@ def epilogue_pair(gemm, act) -> bool:
         return False
 
 
-def fusible(bsym) -> bool:
+STORED = 2  # the core's MF_FUSIBLE_STORED (NOTE [extern ops in regions])
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_impl_of() -> dict:
+    """{id of a torch-executor implementation symbol: id of the symbol it implements}.
+
+    NOTE [claimed prims]: where memfuse replaces the torchcompile executor, an op neither executor
+    claims whole is flattened into prims, which memfuse_ex's fusion pass claims and dissolves again
+    (NOTE [memfuse fusion pass]); Thunder's torch executor then takes them, as
+    `torch_div_prim_impl`, `torch_prims_reshape_impl`, `shallow_copy`, ...  torch.compile would
+    have claimed those prims; its can_fuse does not know the torch executor's names for them, so
+    they are looked up here, or each would split a region in two."""
+    from thunder.executors.torchex import ex as pytorch_ex
+
+    out = {}
+    for k, v in pytorch_ex.implmap.items():
+        sym = getattr(v, "symbol", None)
+        if sym is not None and sym.id != k:
+            out[sym.id] = k
+    return out
+
+
+def _id_name(i) -> str:
+    return str(i).rsplit(".", 1)[-1].lower()
+
+
+def fusible(bsym) -> int:
     """Can bsym be part of a torch.compile region: the torchcompile executor can claim it, its
-    outputs are tensors, it is no extern op (NOTE [extern ops in regions]), and it neither draws
-    random numbers nor has an ordered effect."""
+    outputs are tensors, and it neither draws random numbers nor has an ordered effect.  0: no;
+    1: yes; STORED: yes, as an extern call whose tensors are stored (NOTE [extern ops in
+    regions])."""
     from thunder.core.proxies import TensorProxy
 
     from .. import _thunder
 
     try:
         if getattr(bsym.sym, "is_fusion", False):
-            return False
+            return 0
         outs = [o for o in bsym.flat_outs if o is not None]
         if not outs or not all(isinstance(o, TensorProxy) for o in outs):
-            return False
-        if _thunder.is_random(bsym) or _thunder.effects(bsym) or is_extern(bsym):
-            return False
-        return bool(_executor().can_fuse(bsym))
+            return 0
+        if _thunder.is_random(bsym) or _thunder.effects(bsym):
+            return 0
+        if _executor().can_fuse(bsym):
+            return STORED if is_extern(bsym) else 1
+        orig = _torch_impl_of().get(bsym.sym.id)
+        if orig is not None and orig in _executor().implmap:
+            return STORED if _id_name(orig) in _EXTERN_NAMES else 1
+        return 0
     except Exception:
-        return False
+        return 0
 
 
 # ------------------------------------------------------------------------------------------
@@ -208,9 +242,7 @@ def program_key(bsyms, inputs, outputs):
 
 def build(bsyms, inputs, outputs):
     """The compiled callable of a region (shared by every region with the same program).
-    torch.compile compiles on the first call, so compile errors surface there."""
-    from thunder.executors.torch_compile import make_compiled
-
+    Inductor compiles on the first call (per stride pattern), so compile errors surface there."""
     key = program_key(bsyms, inputs, outputs)
     fn = _cache.get(key)
     if fn is not None:
@@ -219,11 +251,103 @@ def build(bsyms, inputs, outputs):
     with _cache_lock:
         fn = _cache.get(key)
         if fn is None:
-            fn = _cache[key] = make_compiled(list(bsyms), list(inputs), list(outputs))
+            fn = _cache[key] = _make(list(bsyms), list(inputs), list(outputs))
             stats["compiled"] += 1
         else:
             stats["reused"] += 1
     return fn
+
+
+def _make(bsyms, inputs, outputs):
+    """NOTE [regions without Dynamo]: a region whose inputs are all tensors is compiled by Inductor
+    from its ATen graph, and called directly; any other goes through Thunder's make_compiled."""
+    from thunder.core.proxies import TensorProxy
+
+    if all(isinstance(a, TensorProxy) for a in inputs):
+        return InductorRegion(_torch_callable(bsyms, inputs, outputs))
+    from thunder.executors.torch_compile import make_compiled
+
+    return make_compiled(bsyms, inputs, outputs)
+
+
+def _torch_callable(bsyms, inputs, outputs):
+    """The region as a Python function of torch calls: the program make_compiled hands to
+    torch.compile (the region's trace, lowered by Thunder's torch executor)."""
+    from thunder.core import prims
+    from thunder.core.codeutils import SigInfo
+    from thunder.core.trace import TraceCtx, tracectx
+    from thunder.executors.passes import transform_for_execution
+    from thunder.executors.torchex import ex as pytorch_ex
+
+    trace = TraceCtx(None)
+    trace.args = inputs
+    trace.kwargs = {}
+    trace.names = {a.name for a in inputs}
+    with tracectx(trace):
+        for a in inputs:
+            prims.unpack_trivial(a, name=a.name)
+    trace.bound_symbols += list(bsyms)
+    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    for b in trace.bound_symbols:
+        if b.sym == prims.unpack_trivial:
+            continue
+        for o in list(b.flat_outs) + [o for s in b.subsymbols for o in s.flat_outs]:
+            if o is not None and getattr(o, "name", None) and o.name not in trace.names:
+                trace.add_name(o.name)
+    trace._siginfo = SigInfo("memfuse_region")
+    trace._siginfo.args = [(a.name, None) for a in inputs]
+    return transform_for_execution(trace, executors_list=(pytorch_ex,)).python_callable(include_decorators=False)
+
+
+class InductorRegion:
+    """NOTE [regions without Dynamo]
+    torch.compile puts Dynamo in front of every call of a compiled function: a frame hook, a guard
+    check over every input and global state, and AOTAutograd's runtime wrapper.  For a trace of a
+    few whole-program regions that is noise; for memfuse's many regions it was most of the step
+    (RESULTS.md, "Region compilers on CPU").  A region needs none of it: Thunder's trace already
+    fixes its shapes, dtypes and devices (its prologue checks them), its ops are pure (no random
+    op, no in-place write, no effect), and it runs without autograd.  So the region's torch program
+    is traced to an ATen graph with Inductor's decompositions (make_fx, on fake tensors) and
+    compiled by Inductor's graph compiler (compile_fx_inner): the same code torch.compile would
+    generate.  A call is then Inductor's own `call`: size and stride assertions, its kernels.
+
+    What the trace does not fix are strides: a second call with differently laid out inputs (a
+    transposed weight, say) compiles a second variant, keyed by the inputs' strides.  Grad mode
+    is off for the call, as in Thunder's own regions."""
+
+    __slots__ = ("fn", "variants", "lock")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.variants = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        import torch
+
+        key = tuple([a.stride() for a in args])
+        compiled = self.variants.get(key)
+        if compiled is None:
+            compiled = self._compile(key, args)
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return compiled(list(args))
+        return compiled(list(args))
+
+    def _compile(self, key, args):
+        import torch
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        with self.lock:
+            compiled = self.variants.get(key)
+            if compiled is None:
+                with torch.no_grad():
+                    gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+                    compiled = compile_fx_inner(gm, list(args))
+                self.variants[key] = compiled
+        return compiled
 
 
 def clear_cache() -> None:
