@@ -12,7 +12,8 @@ Workloads (benchmarks/workloads.py): the seed's two functions; nanoGPT
 embedding, SwiGLU), each a training step, plain and with per-block activation
 checkpointing.
 
-Figures per workload and variant: first call (compile + one step) in s; the
+Figures per workload and variant: first call (compile + one step) in s, with a
+fresh Inductor cache unless --warm-cache; the
 measured peak of one step (torch.profiler allocations, above what is live at
 the call: thunder_memfuse.measure.cpu_peak_bytes); the median step time over
 --rounds rounds in which the variants alternate; whether loss and gradients
@@ -79,11 +80,9 @@ def variants(names=None):
         ("thunder", lambda fn: thunder.jit(fn)),
         ("thunder+torchcompile", lambda fn: thunder.jit(fn, executors=["torchcompile"])),
         ("memfuse", lambda fn: thunder.jit(fn, transforms=[MemFuse()])),
+        # memfuse as the fusion pass in torch.compile's place (the default with that executor)
         ("torchcompile+memfuse", lambda fn: thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse()])),
     ]
-    if "torchcompile" in memfuse_kernel_values():  # memfuse as the fusion pass in torch.compile's place
-        vs.append(("torchcompile+memfuse kernels=torchcompile",
-                   lambda fn: thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")])))
     for k in memfuse_kernel_values():
         vs.append((f"memfuse kernels={k}", lambda fn, k=k: thunder.jit(fn, transforms=[MemFuse(kernels=k)])))
     if names:
@@ -246,8 +245,17 @@ def main(argv=None):
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--debug", action="store_true", help="print tracebacks of failing variants")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="keep Inductor's on-disk cache (default: a fresh one, so every first call compiles cold)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
+    if not args.warm_cache:
+        # First calls are compared cold: Inductor's on-disk caches (FX graphs, kernels) from earlier
+        # runs would otherwise favour whichever variant's programs were compiled before.
+        import os
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="memfuse_bench_inductor_")
     import torch
 
     import workloads

@@ -72,6 +72,17 @@ def _memfuse(model, **opts):
     return _thunder(model, transforms=[tm.MemFuse(**opts)])
 
 
+def _torchcompile_memfuse(model):
+    """memfuse added to Thunder + torchcompile: memfuse's regions, compiled by torch.compile, in
+    that executor's place (transform.py NOTE [replacing the fusion pass])."""
+    import thunder
+    import thunder_memfuse as tm
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    return thunder.jit(model, executors=[torch_compile_ex, *thunder.get_default_executors()],
+                       transforms=[tm.MemFuse()])
+
+
 def _torch_compile(model):
     import torch
 
@@ -87,6 +98,7 @@ PEERS = {
     "thunder + torchcompile": dict(make=_thunder_torchcompile, inductor=True),
     "memfuse (auto)": dict(make=_memfuse, inductor=False),
     "memfuse (fuse=True)": dict(make=functools.partial(_memfuse, fuse=True), inductor=False),
+    "torchcompile + memfuse": dict(make=_torchcompile_memfuse, inductor=True),
 }
 
 

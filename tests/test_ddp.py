@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 WORLD = 2
 TIMEOUT_S = 300
@@ -178,7 +179,7 @@ def test_ddp_gloo_two_processes(tmp_path):
         while not ctx.join(timeout=5):
             if time.monotonic() > deadline:
                 pytest.fail(f"DDP workers did not finish within {TIMEOUT_S} s")
-    except mp.ProcessException:
+    except ProcessException:
         errs = [open(f"{errfile}.{r}").read() for r in range(WORLD) if os.path.exists(f"{errfile}.{r}")]
         pytest.fail("a DDP worker failed:\n" + "\n".join(errs))
     finally:

@@ -333,9 +333,8 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch
     assert run_hook(MemFuse(), names, cpu_trace) == (names, ())
     monkeypatch.setattr(regions, "compiles", lambda name, cuda: name == ("nvrtc" if cuda else "torchcompile"))
     assert run_hook(MemFuse(), names, cuda_trace) == replaced
-    # a CPU trace: kept by default (regions NOTE [auto on CPU]), replaced where memfuse's
-    # torch.compile regions are asked for
-    assert run_hook(MemFuse(), names, cpu_trace) == (names, ())
+    # a CPU trace: replaced where torch.compile builds memfuse's regions (regions NOTE [auto on CPU])
+    assert run_hook(MemFuse(), names, cpu_trace) == replaced
     assert run_hook(MemFuse(kernels="torchcompile"), names, cpu_trace) == replaced
     assert run_hook(MemFuse(fuse=False), names, cuda_trace) == (names, ())
     assert run_hook(MemFuse(kernels="fallback"), names, cpu_trace) == (names, ())

@@ -365,3 +365,19 @@ def test_bad_input_is_named(kwargs, exc, words):
 def test_empty_graph():
     p = tm.plan([], [])
     assert p.order == [] and p.groups == [] and p.peak_bytes == 0 and p.optimal
+
+
+def test_stored_fusible_ops_keep_their_tensors():
+    """csrc/core/mf_fuse.c NOTE [stored inner values]: an op given as fusible=2 (a GEMM in an
+    Inductor region) may join a group, but what it reads and writes is counted as stored."""
+    ops = [([0], [1]), ([1], [2]), ([2], [3])]  # relu, gemm, relu
+    kw = dict(graph_inputs=[0], graph_outputs=[3])
+    vb = [MIB] * 4
+    plain = tm.plan(ops, vb, fusible=[True, True, True], **kw)
+    stored = tm.plan(ops, vb, fusible=[True, 2, True], **kw)
+    assert plain.peak_bytes == MIB and plain.groups == [[0, 1, 2]]
+    assert stored.peak_bytes == 2 * MIB and len(stored.groups) == 2
+    # the simulator counts one group of all three as the stored rule says: inner 1 and 2 stored
+    assert tm.simulate(ops, vb, [0, 1, 2], [[0, 1, 2]], fusible=[True, 2, True], **kw)[0] == 3 * MIB
+    assert tm.simulate(ops, vb, [0, 1, 2], [[0, 1, 2]], fusible=[1, 1, 1], **kw)[0] == MIB
+    assert tm.simulate(ops, vb, [0, 1, 2], [[0, 1, 2]], **kw)[0] == MIB

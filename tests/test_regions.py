@@ -64,12 +64,17 @@ def test_torchcompile_regions_hold_reductions_and_match_thunder():
     auto(x, w)
     assert _ours(auto)._memfuse_info["kernels"] == "torchcompile"
     assert len(_regions(_ours(auto))) == len(_regions(trace))
-    # ... by default it keeps the user's torchcompile executor and forms no region of its own ...
-    kept = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse()])
+    # ... and so it does by default with the torchcompile executor in the list ...
+    dflt = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse()])
+    for a, b in zip(thunder.jit(_norm_softmax, executors=["torchcompile"])(x, w), dflt(x, w)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    info = _ours(dflt)._memfuse_info
+    assert info["kernels"] == "torchcompile" and info.get("replaced_executors") == ["torchcompile"]
+    assert len(_regions(_ours(dflt))) == len(_regions(trace))
+    # ... and memfuse keeps the executor where asked to (replace_fusion=False): no region of its own
+    kept = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse(replace_fusion=False)])
     for a, b in zip(thunder.jit(_norm_softmax, executors=["torchcompile"])(x, w), kept(x, w)):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    info = _ours(kept)._memfuse_info
-    assert info["kernels"] == "fallback" and not info.get("replaced_executors")
     assert not [r for r in _regions(_ours(kept)) if r.sym.name.startswith("MemFuse")]
     # ... and without any only reorders (regions NOTE [auto on CPU]): plain Thunder's numbers
     reorder = thunder.jit(_norm_softmax, transforms=[MemFuse()])
@@ -220,8 +225,8 @@ def test_rematerialization_is_kept_on_a_training_step():
         return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
     base = thunder.jit(model, executors=["torchcompile"])
-    # memfuse as the fusion pass in torch.compile's place (asked for: NOTE [auto on CPU])
-    ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")])
+    # memfuse as the fusion pass in torch.compile's place (the default: NOTE [auto on CPU])
+    ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse()])
     want, got = step(base), step(ours)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     for g, h in zip(got[1], want[1]):
@@ -244,3 +249,87 @@ def test_fusion_symbols_pickle():
         back = pickle.loads(pickle.dumps(b.sym))
         assert back.name == b.sym.name and back.is_fusion and back.executor is thunder.get_executor("memfuse")
     assert tm.report(jf)["forward"]["regions_after"] == len(fusions)
+
+
+def _mlp_tail(x, w1, w2):
+    h = torch.relu(x * 2 + 1)
+    return torch.tanh(h @ w1) @ w2 + 1
+
+
+@needs_compiler
+def test_a_gemm_joins_a_region_as_a_stored_extern_call():
+    """regions/torchcompile.py NOTE [extern ops in regions]: a matmul is fusible as STORED, may
+    sit inside a region, and the real peak stays within one tensor of the planned one (the model
+    counts the extern call's tensors as stored)."""
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64, 64)
+    plain = thunder.jit(_mlp_tail)
+    ours = thunder.jit(_mlp_tail, transforms=[MemFuse(kernels="torchcompile")])
+    torch.testing.assert_close(ours(x, w1, w2), plain(x, w1, w2), rtol=1e-4, atol=1e-4)
+    trace = _ours(ours)
+    mm = next(b for b in thunder.last_traces(plain)[-1].bound_symbols if b.sym.name == "matmul")
+    assert tc.fusible(mm) == tc.STORED
+    inside = [s.sym.name for r in _regions(trace) for s in r.subsymbols]
+    assert "matmul" in inside, inside
+    outside = [b.sym.name for b in trace.bound_symbols if not b.sym.is_fusion]
+    assert "matmul" not in outside, outside
+    peak, _ = cpu_peak_bytes(ours, x, w1, w2)
+    planned = trace._memfuse_info["plan"]["peak_bytes"]
+    assert peak <= planned + 64 * 64 * 4, (peak, planned)
+
+
+@needs_compiler
+def test_a_region_compiles_once_per_stride_pattern():
+    """NOTE [regions without Dynamo]: Thunder's trace fixes shapes, not strides; a transposed
+    input of the same shape gets a second compiled variant, and the right numbers."""
+    torch.manual_seed(0)
+    fn = lambda a, b: (a * b).tanh() + a  # noqa: E731
+    a, b = torch.randn(32, 32), torch.randn(32, 32)
+    ours = thunder.jit(fn, transforms=[MemFuse(kernels="torchcompile")])
+    torch.testing.assert_close(ours(a, b), fn(a, b))
+    at = torch.randn(32, 32).t()
+    torch.testing.assert_close(ours(at, b), fn(at, b))
+    torch.testing.assert_close(ours(a, b), fn(a, b))
+    (region,) = _regions(_ours(ours))
+    compiled = region._call_ctx[region.sym.name].memfuse_state["kernel"]
+    assert isinstance(compiled, tc.InductorRegion) and len(compiled.variants) == 2
+
+
+@needs_compiler
+def test_claimed_prims_do_not_split_regions():
+    """NOTE [claimed prims]: in torch.compile's place, prims Thunder's torch executor runs under
+    its own names (a mean's division, a reshape) join memfuse's regions as torch.compile's did."""
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16), torch.randn(16)
+    ours = thunder.jit(_norm_softmax, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")])
+    for a, b in zip(thunder.jit(_norm_softmax, executors=["torchcompile"])(x, w), ours(x, w)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    trace = _ours(ours)
+    outside = [b.sym.name for b in trace.bound_symbols
+               if not b.sym.is_fusion and b.sym.name not in ("unpack_trivial", "python_del", "python_return")]
+    assert not [n for n in outside if n.endswith("_impl")], outside
+    assert tc._torch_impl_of()["torch_div_prim_impl"] in tc._executor().implmap
+
+
+@needs_compiler
+def test_a_program_make_fx_cannot_trace_goes_through_dynamo(monkeypatch):
+    """NOTE [regions without Dynamo]: where the ATen trace fails, the region is compiled as
+    Thunder's torchcompile executor would (make_compiled), silently, with the same numbers."""
+    import torch.fx.experimental.proxy_tensor as pt
+
+    def no_trace(*a, **k):
+        raise RuntimeError("no fake kernel here")
+
+    monkeypatch.setattr(pt, "make_fx", no_trace)
+    tc.clear_cache()
+    fn = lambda a, b: (a - b).sigmoid() * 3  # noqa: E731
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        ours = thunder.jit(fn, transforms=[MemFuse(kernels="torchcompile")])
+        torch.testing.assert_close(ours(a, b), fn(a, b))
+    assert not _memfuse_warnings(rec)
+    (region,) = _regions(_ours(ours))
+    compiled = region._call_ctx[region.sym.name].memfuse_state["kernel"]
+    assert "no fake kernel here" in compiled.why_dynamo
+    tc.clear_cache()

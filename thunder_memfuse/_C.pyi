@@ -47,6 +47,7 @@ def simulate(
     graph_inputs: _Ids = (),
     graph_outputs: _Ids = (),
     aliases: _Pairs = (),
+    fusible: Sequence[object] | None = None,
 ) -> tuple[int, list[int], list[int]]: ...
 def plan_trace(
     bsyms: Sequence[Any],

@@ -45,7 +45,7 @@ class Plan:
 
 
 def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequence[int] = (),
-         graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (), fusible: Optional[Sequence[bool]] = None,
+         graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (), fusible: Optional[Sequence[bool | int]] = None,
          after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
          epilogues: Sequence[Pair] = (), fusion_moves: bool = True, comm: Sequence[Pair] = (),
          comm_overlap: bool = True) -> Plan:
@@ -54,8 +54,11 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
     ops: sequence of (input value ids, output value ids); op i is ops[i].
     value_bytes: byte size per value id.  Every value is produced by exactly
     one op or listed in graph_inputs.  aliases: pairs (view, base), the view
-    shares the base's storage.  fusible: one bool per op (default: nothing
-    fusible).  after: pairs (a, b): op a must run before op b.  epilogues:
+    shares the base's storage.  fusible: one entry per op (default: nothing
+    fusible): true if it may join a fused group, whose inner values are never
+    stored; the int 2 if it may join one as an extern call (a GEMM in an
+    Inductor region), so what it reads and writes is stored while the group
+    runs (csrc/core/mf_fuse.c NOTE [stored inner values]).  after: pairs (a, b): op a must run before op b.  epilogues:
     pairs (v, u): op v may run fused into op u as its epilogue, a group [u, v]
     (a GEMM writing relu of its result, say), when the order puts v right
     after u and u's outputs are read by v alone and are not graph outputs.
@@ -80,7 +83,8 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
 
 def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int],
              groups: Optional[Sequence[Sequence[int]]] = None, *, graph_inputs: Sequence[int] = (),
-             graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = ()) -> Tuple[int, list[int], list[int]]:
+             graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (),
+             fusible: Optional[Sequence[bool | int]] = None) -> Tuple[int, list[int], list[int]]:
     """Score a schedule with the core's cost model.
 
     order: every op once, keeping every dependency.  groups (optional): lists
@@ -88,6 +92,7 @@ def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int]
     ValueError (or TypeError) names the problem.
     Returns (peak_bytes, step_bytes, live_after): the peak, the memory while
     each step (op or group) runs, and the live bytes after each step.
+    fusible: as plan()'s; only the stored level (2) changes a group's cost.
     """
     return _C.simulate(ops, value_bytes, order, groups, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
-                       aliases=aliases)
+                       aliases=aliases, fusible=fusible)

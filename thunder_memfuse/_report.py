@@ -60,7 +60,8 @@ def _schedules(info):
     g = info["graph"]
     plan = info["plan"]
     n = len(g["ops"])
-    kw = dict(graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], aliases=g["aliases"])
+    kw = dict(graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], aliases=g["aliases"],
+              fusible=g.get("fusible"))  # stored inner values count as the planner counted them
     before = _plan.simulate(g["ops"], g["value_bytes"], list(range(n)), **kw)
     after = _plan.simulate(g["ops"], g["value_bytes"], plan["order"], plan["groups"], **kw)
     return before, after

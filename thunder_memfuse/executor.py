@@ -80,6 +80,7 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compil
 
     run.__name__ = name
     run.__qualname__ = name
+    run.memfuse_state = state  # what the region built (state["kernel"]), for reports and tests
     return run
 
 

@@ -156,10 +156,8 @@ def thunder_section(device, n_paths, size, iters=1, time_iters=0):
         yield "thunder default", thunder.jit(fn), "jit"
         yield "thunder + torchcompile", thunder.jit(fn, executors=["torchcompile"]), "jit"
         yield "memfuse", thunder.jit(fn, transforms=[MemFuse()]), "jit"
-        yield "torchcompile + memfuse", thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse()]), "jit"
         # memfuse as the fusion pass in torch.compile's place, its regions compiled by torch.compile
-        yield "torchcompile + memfuse (kernels=torchcompile)", thunder.jit(
-            fn, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")]), "jit"
+        yield "torchcompile + memfuse", thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse()]), "jit"
 
     results = {}
     for fname, fn in FUNCTIONS.items():

@@ -47,9 +47,9 @@ _BACKENDS = ("auto", "cuda", "cpu")
 # single ops.  By default (replace_fusion="auto") the replacement happens where
 # memfuse's regions are really compiled: regions on (fuse not False) and a
 # compiler that works for the trace (nvrtc for CUDA tensors, else torch.compile,
-# else nvFuser: regions.resolve), except on a CPU trace with kernels="auto", where
-# the torchcompile executor's few large regions beat memfuse's many small ones on
-# speed (regions NOTE [auto on CPU]).  With only the op-by-op fallback, taking nvFuser
+# else nvFuser: regions.resolve; on a CPU, executors=["torchcompile"] with memfuse
+# means memfuse's regions compiled by torch.compile: regions NOTE [auto on CPU]).
+# With only the op-by-op fallback, taking nvFuser
 # or torch.compile away would leave their work to single torch ops.  True
 # replaces them everywhere; False keeps them and plans around their regions.
 GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
@@ -155,13 +155,6 @@ class MemFuse(Transform):
         of this trace?  Regions on (fuse not False) and a compiler that works here."""
         bsyms = computation_trace.bound_symbols
         if self.fuse is False:
-            return False
-        if self.kernels == "auto" and not _has_cuda_tensors(bsyms):
-            # regions NOTE [auto on CPU]: on a CPU, memfuse's compiled regions are slower than
-            # the torch.compile regions they would replace (many small regions, each paying a
-            # call overhead; benchmarks/RESULTS.md), so by default the user's torchcompile
-            # executor stays and memfuse plans around its regions: never slower, never more
-            # memory.  kernels="torchcompile" or replace_fusion=True trade speed for memory.
             return False
         return self._compiles(regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend),
                               bsyms)

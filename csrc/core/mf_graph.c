@@ -520,6 +520,8 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
             for (j = pg->otouch_ptr[k]; j < pg->otouch_ptr[k + 1]; j++)
                 pg->smat[pg->otouch[j]] = 1;
         pg->epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
+        if (g->fusible && g->fusible[k] == MF_FUSIBLE_STORED) /* an extern call is no epilogue */
+            pg->epi[k] = -1;
         if (g->comm && pg->epi[k] >= 0 && (g->comm[k] || g->comm[pg->epi[k]]))
             pg->epi[k] = -1;
     }

@@ -636,8 +636,8 @@ done:
 static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",     "value_bytes", "order", "groups", "graph_inputs",
-                             "graph_outputs", "aliases", NULL};
-    PyObject *ops, *vb, *order_o, *groups_o = Py_None, *gi = NULL, *go = NULL, *al = NULL;
+                             "graph_outputs", "aliases", "fusible", NULL};
+    PyObject *ops, *vb, *order_o, *groups_o = Py_None, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None;
     PyObject *empty = NULL, *out = NULL;
     int32_t *order = NULL, *gptr = NULL;
     int64_t *steps = NULL, *live = NULL, peak = 0;
@@ -648,14 +648,14 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
     int st;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
-                                     &go, &al))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
+                                     &go, &al, &fu))
         return NULL;
     if (!(empty = PyTuple_New(0)))
         return NULL;
     mf_gbuf_init(&b);
     mf_py_ctx_init(&ctx);
-    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, Py_None, empty, NULL) < 0)
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, empty, NULL) < 0)
         goto done;
     mf_gbuf_desc(&b, &desc);
     if ((st = mf_graph_check(&ctx, &desc)) != MF_OK) {
@@ -720,8 +720,9 @@ static PyMethodDef plan_methods[] = {
      "(default 256); the DP's memory budget in bytes."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
-     "aliases=())\n--\n\n"
+     "aliases=(), fusible=None)\n--\n\n"
      "Score a schedule with the core's cost model; returns (peak, step_bytes, live_after).\n"
+     "fusible: as plan()'s; only its stored level (2) matters here (NOTE [stored inner values]).\n"
      "order must be a permutation of the ops that keeps every dependency; groups (optional) must be non-empty "
      "consecutive runs of order.  Otherwise ValueError names the problem."},
     {"_validate_max_states", (PyCFunction)py_validate_max_states, METH_O,

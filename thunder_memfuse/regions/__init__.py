@@ -50,15 +50,15 @@ def resolve(kernels: str, *, cuda: bool, backend: str = "auto", compiling_peer: 
     back with ONE warning per process and reason.
 
     compiling_peer: is memfuse this compilation's fusion pass, in the place of a general fusion
-    executor it replaced?  NOTE [auto on CPU]: on a CPU trace "auto" compiles regions only then.
-    Plain Thunder runs a CPU trace op by op with eager's kernels; Inductor regions in its place
-    cost a compile on the first call, a per-region call overhead on every call, and round
-    differently (an ulp here and there), so adding memfuse would cost such a user speed and
-    change their numbers.  There memfuse only reorders, which is exact and never slower.  And
-    where the user runs Thunder's torchcompile executor, memfuse's many small compiled regions
-    are slower than its few large ones, so by default (transform.py MemFuse._replaces) memfuse
-    keeps that executor and plans around its regions; kernels="torchcompile" or
-    replace_fusion=True make memfuse the fusion pass, trading speed for memory."""
+    executor it replaced?  NOTE [auto on CPU]: on a CPU trace "auto" compiles regions only then:
+    where the user runs Thunder's torchcompile executor (executors=["torchcompile"]), memfuse
+    replaces it by default and its regions are compiled by torch.compile, matmuls and norms
+    included, so the step keeps that executor's speed at a lower peak (benchmarks/RESULTS.md).
+    Plain thunder.jit runs a CPU trace op by op with eager's kernels; Inductor regions in its
+    place would cost a compile on the first call and round differently (an ulp here and there),
+    so adding memfuse would change such a user's numbers and first-call time.  There memfuse only
+    reorders, which is exact and never slower; kernels="torchcompile" compiles regions on
+    request."""
     if backend == "cpu":
         return "fallback"
     if kernels == "fallback":

@@ -264,7 +264,12 @@ def _make(bsyms, inputs, outputs):
     from thunder.core.proxies import TensorProxy
 
     if all(isinstance(a, TensorProxy) for a in inputs):
-        return InductorRegion(_torch_callable(bsyms, inputs, outputs))
+        return InductorRegion(_torch_callable(bsyms, inputs, outputs),
+                              functools.partial(_dynamo_compiled, bsyms, inputs, outputs))
+    return _dynamo_compiled(bsyms, inputs, outputs)
+
+
+def _dynamo_compiled(bsyms, inputs, outputs):
     from thunder.executors.torch_compile import make_compiled
 
     return make_compiled(bsyms, inputs, outputs)
@@ -313,14 +318,18 @@ class InductorRegion:
 
     What the trace does not fix are strides: a second call with differently laid out inputs (a
     transposed weight, say) compiles a second variant, keyed by the inputs' strides.  Grad mode
-    is off for the call, as in Thunder's own regions."""
+    is off for the call, as in Thunder's own regions.  A program that cannot be traced this way
+    (an op without a fake-tensor kernel, say) is compiled as Thunder's torchcompile executor
+    would, through Dynamo (make_compiled): slower calls, same kernels; `why_dynamo` says why."""
 
-    __slots__ = ("fn", "variants", "lock")
+    __slots__ = ("fn", "variants", "lock", "dynamo", "why_dynamo")
 
-    def __init__(self, fn):
+    def __init__(self, fn, dynamo):
         self.fn = fn
         self.variants = {}
         self.lock = threading.Lock()
+        self.dynamo = dynamo  # () -> the region through torch.compile, for what make_fx cannot trace
+        self.why_dynamo = None
 
     def __call__(self, *args):
         import torch
@@ -343,9 +352,16 @@ class InductorRegion:
         with self.lock:
             compiled = self.variants.get(key)
             if compiled is None:
-                with torch.no_grad():
-                    gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-                    compiled = compile_fx_inner(gm, list(args))
+                try:
+                    with torch.no_grad():
+                        gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+                        compiled = compile_fx_inner(gm, list(args))
+                except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
+                    self.why_dynamo = f"{type(e).__name__}: {e}"
+                    fn = self.dynamo()
+
+                    def compiled(boxed, fn=fn):
+                        return fn(*boxed)
                 self.variants[key] = compiled
         return compiled
 
