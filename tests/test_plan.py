@@ -381,3 +381,9 @@ def test_stored_fusible_ops_keep_their_tensors():
     assert tm.simulate(ops, vb, [0, 1, 2], [[0, 1, 2]], fusible=[True, 2, True], **kw)[0] == 3 * MIB
     assert tm.simulate(ops, vb, [0, 1, 2], [[0, 1, 2]], fusible=[1, 1, 1], **kw)[0] == MIB
     assert tm.simulate(ops, vb, [0, 1, 2], [[0, 1, 2]], **kw)[0] == MIB
+    # a stored value counts to the group's end (the margin NOTE [stored inner values] keeps):
+    # relu, gemm, relu, gemm, relu in one group stores its four inner values and its output
+    ops5 = [([k], [k + 1]) for k in range(5)]
+    five = tm.simulate(ops5, [MIB] * 6, list(range(5)), [list(range(5))], graph_inputs=[0], graph_outputs=[5],
+                       fusible=[1, 2, 1, 2, 1])
+    assert five[0] == 5 * MIB

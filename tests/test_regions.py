@@ -86,16 +86,17 @@ def test_torchcompile_regions_hold_reductions_and_match_thunder():
 
 @needs_compiler
 def test_seed_measured_peak_is_the_planned_peak_and_compiles_once():
-    """On the seed, regions are [matmul, relu] epilogue pairs (regions/torchcompile.py NOTE
-    [extern ops in regions]); each path's pair has the same program, so it compiles once
-    (NOTE [region compile cache]), and the real peak is the planned one within a tensor."""
+    """On the seed, regions hold a path's [matmul, relu] epilogue pairs and relus (regions/
+    torchcompile.py NOTE [extern ops in regions]); repeated programs compile once (NOTE [region
+    compile cache]), and the real peak is the planned one within a tensor: with memfuse alone
+    asked for torch.compile, and by default in the torchcompile executor's place."""
     size = 64
     t0s, a = seed_inputs(n=4, size=size)
     tensor = size * size * 4
     before = dict(tc.stats)
     before_keys, keys = set(tc._cache), []
     # memfuse alone with torch.compile asked for, and by default in torch.compile's place
-    for executors, mf in ((None, MemFuse(kernels="torchcompile")), (["torchcompile"], MemFuse(kernels="torchcompile"))):
+    for executors, mf in ((None, MemFuse(kernels="torchcompile")), (["torchcompile"], MemFuse())):
         jf = thunder.jit(memory_peak_inefficient_func, executors=executors, transforms=[mf])
         out = jf(list(t0s), a)
         torch.testing.assert_close(out, memory_peak_inefficient_func(list(t0s), a), rtol=1e-4, atol=1e-3)

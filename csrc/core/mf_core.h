@@ -94,8 +94,8 @@ typedef struct mf_graph_desc {
      * join a fused group, whose inner values are never stored; MF_FUSIBLE_STORED:
      * may join one, but as an extern call of the group's program (a GEMM in an
      * Inductor region), so every storage it reads or allocates is stored while
-     * its group runs (NOTE [stored inner values], mf_fuse.c).  Other nonzero
-     * values mean MF_FUSIBLE. */
+     * its group runs (NOTE [stored inner values], mf_fuse.c); it is never an
+     * epilogue.  Other nonzero values mean MF_FUSIBLE. */
     const uint8_t *fusible;
     int32_t n_after;            /* ordering edges: op after[2i] runs before after[2i+1] */
     const int32_t *after;

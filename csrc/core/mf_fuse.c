@@ -31,24 +31,20 @@
  * extern call inside the group's program: Inductor runs a GEMM as a library
  * call on stored buffers, so its inputs and its result exist in memory even
  * when no op outside the group reads them.  Every storage such an op reads
- * or allocates is marked (pg->smat).  In a fused group [i, j) a storage s
- * allocated there then counts
- *   - for the whole group, as before, if it is a graph output, is read at
- *     >= j, or is marked and read by nobody;
- *   - from its allocation to its last read, if it is marked and every
- *     reader is in the group (the compiler frees the buffer after its last
- *     use inside the program);
- *   - not at all otherwise (an inner value fused into loops).
- * The cost is L(i) + (the first kind) + the most bytes of the second kind
- * live at any one position of the group.  That bounds the real peak from
- * above: the first kind is counted from the group's start although it is
- * written later.  The DP adds a storage of the second kind when it dies at
- * the group's growing end, as a range [allocation, end] in a segment tree
- * with range add and global max (seg_*, cleared per start by stamps), so a
- * step costs O(log MF_FUSE_MAX_GROUP) per such storage.  mf_sim.c sweeps
- * the same ranges per group.  Epilogue pairs keep their own, exact rule:
- * their GEMM result is written over by the epilogue.  A group of one op
- * counts everything it allocates, marked or not.
+ * or allocates is marked (pg->smat); the fused rule then counts a marked
+ * storage allocated in the group as if it were read after the group: stored
+ * from its allocation to the group's end.  That is an upper bound of what
+ * the compiler keeps (it may free the buffer at its last use inside the
+ * program), so the planned peak of such a group is never below the real
+ * one for what the model sees.  Counting a buffer only up to its last read
+ * inside the group was tried (a segment tree in the DP): it let larger
+ * regions form, in which Inductor also keeps buffers the model does not see
+ * (intermediates it realizes, operand copies for a GEMM), and a checkpointed
+ * nanoGPT step measured a higher peak than with this rule and than without
+ * memfuse (benchmarks/RESULTS.md); the whole-group count is kept as the
+ * margin.  An unmarked inner value stays free.  Epilogue pairs keep their own,
+ * exact rule: their GEMM result is written over by the epilogue.  A group of
+ * one op counts everything it allocates, marked or not.
  *
  * NOTE [group length cap]
  * A fused group holds at most MF_FUSE_MAX_GROUP (512) ops, which keeps both
@@ -63,51 +59,6 @@
 
 #define INF64 INT64_MAX
 
-/* Range add and global max over the positions [0, MF_FUSE_MAX_GROUP) of one
- * group start (NOTE [stored inner values]); a node whose stamp is not cur
- * reads as zero, so starting over is cur++. */
-#define SEG_LEAVES MF_FUSE_MAX_GROUP
-typedef struct seg_tree {
-    int64_t mx[2 * SEG_LEAVES], lz[2 * SEG_LEAVES];
-    uint32_t st[2 * SEG_LEAVES], cur;
-} seg_tree;
-
-static void seg_clear(seg_tree *S)
-{
-    if (++S->cur == 0) { /* the stamps wrapped: forget them all */
-        memset(S->st, 0, sizeof S->st);
-        S->cur = 1;
-    }
-}
-
-static int64_t seg_val(const seg_tree *S, int32_t node)
-{
-    return S->st[node] == S->cur ? S->mx[node] : 0;
-}
-
-static void seg_add(seg_tree *S, int32_t node, int32_t nl, int32_t nr, int32_t l, int32_t r, int64_t b)
-{
-    int32_t mid;
-    int64_t x, y;
-    if (S->st[node] != S->cur) {
-        S->st[node] = S->cur;
-        S->mx[node] = S->lz[node] = 0;
-    }
-    if (l <= nl && nr <= r) {
-        S->mx[node] += b;
-        S->lz[node] += b;
-        return;
-    }
-    mid = nl + (nr - nl) / 2;
-    if (l <= mid)
-        seg_add(S, 2 * node, nl, mid, l, r, b);
-    if (r > mid)
-        seg_add(S, 2 * node + 1, mid + 1, nr, l, r, b);
-    x = seg_val(S, 2 * node);
-    y = seg_val(S, 2 * node + 1);
-    S->mx[node] = S->lz[node] + (x > y ? x : y);
-}
-
 typedef struct fuse_ws {
     const mf_pg *pg;
     const int32_t *order;
@@ -117,8 +68,6 @@ typedef struct fuse_ws {
     int32_t *dptr, *didx;    /* storages (not outputs, read after alloc) by last read position,
                                 dptr[p - a] .. dptr[p - a + 1] for position p in [a, b) */
     int64_t *L;              /* n + 1, by absolute position */
-    seg_tree *seg;           /* NOTE [stored inner values] */
-    int64_t *sweep;          /* MF_FUSE_MAX_GROUP + 2: group_cost's scratch */
 } fuse_ws;
 
 /* bytes allocated at position p by the fused rule for a group ending at j */
@@ -129,8 +78,8 @@ static int64_t fused_allocs(const fuse_ws *w, int32_t p, int32_t j)
     int64_t sum = 0;
     for (q = pg->oalloc_ptr[v]; q < pg->oalloc_ptr[v + 1]; q++) {
         int32_t s = pg->oalloc[q];
-        if (pg->sout[s] || w->lastpos[s] >= j || (pg->smat[s] && w->lastpos[s] <= p))
-            sum += pg->sbytes[s]; /* NOTE [stored inner values]: the first kind */
+        if (pg->sout[s] || w->lastpos[s] >= j || pg->smat[s])
+            sum += pg->sbytes[s];
     }
     return sum;
 }
@@ -176,7 +125,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         parent[j - a] = -1;
     }
     for (i = a; i < b; i++) {
-        int64_t base = val[i - a], c, A, M, cand;
+        int64_t base = val[i - a], c, A, cand;
         if (base == INF64)
             continue;
         c = w->L[i] + pg->abytes[w->order[i]];
@@ -196,23 +145,16 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         if (!pg->fusible[w->order[i]] || w->maxlen < 2)
             continue;
         A = fused_allocs(w, i, i + 1);
-        M = 0;
-        seg_clear(w->seg);
         for (j = i + 2; j <= b && j - i <= w->maxlen; j++) {
             if (!pg->fusible[w->order[j - 1]])
                 break;
             for (q = w->dptr[j - 1 - a]; q < w->dptr[j - a]; q++) {
                 int32_t s = w->didx[q];
-                if (w->apos[s] < i)
-                    continue;
-                A -= pg->sbytes[s];
-                if (pg->smat[s]) { /* stored from its allocation to its last read, j - 1 */
-                    seg_add(w->seg, 1, 0, SEG_LEAVES - 1, w->apos[s] - i, j - 1 - i, pg->sbytes[s]);
-                    M = seg_val(w->seg, 1);
-                }
+                if (w->apos[s] >= i && !pg->smat[s])
+                    A -= pg->sbytes[s];
             }
             A += fused_allocs(w, j - 1, j);
-            c = w->L[i] + A + M;
+            c = w->L[i] + A;
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
                 val[j - a] = cand;
@@ -233,26 +175,6 @@ static int64_t group_cost(const fuse_ws *w, int32_t i, int32_t j)
         return w->L[i] + fused_allocs(w, i + 1, i + 2);
     for (p = i; p < j; p++)
         sum += fused_allocs(w, p, j);
-    { /* the second kind of NOTE [stored inner values]: a sweep over the group */
-        const mf_pg *pg = w->pg;
-        int64_t run = 0, most = 0;
-        int32_t q;
-        memset(w->sweep, 0, sizeof(int64_t) * (size_t)(j - i + 1));
-        for (p = i; p < j; p++)
-            for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
-                int32_t s = pg->oalloc[q];
-                if (pg->smat[s] && !pg->sout[s] && w->lastpos[s] > p && w->lastpos[s] < j) {
-                    w->sweep[p - i] += pg->sbytes[s];
-                    w->sweep[w->lastpos[s] - i + 1] -= pg->sbytes[s];
-                }
-            }
-        for (p = i; p < j; p++) {
-            run += w->sweep[p - i];
-            if (run > most)
-                most = run;
-        }
-        sum += most;
-    }
     return w->L[i] + sum;
 }
 
@@ -280,9 +202,7 @@ static int ws_setup(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *or
     w->dptr = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 2, sizeof(int32_t));
     w->didx = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
     w->L = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
-    w->seg = (seg_tree *)mf_arena_array(ctx, a, 1, sizeof(seg_tree));
-    w->sweep = (int64_t *)mf_arena_array(ctx, a, MF_FUSE_MAX_GROUP + 2, sizeof(int64_t));
-    if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L || !w->seg || !w->sweep)
+    if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L)
         return MF_ENOMEM;
     for (i = 0; i < n; i++)
         pos[order[i]] = i;

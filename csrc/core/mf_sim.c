@@ -11,9 +11,8 @@
  *    deterministic rule.  A group of one op is
  *    an unfused step (counts every storage it allocates); a larger group
  *    counts the storages it allocates that are graph outputs or are read by
- *    some op outside the group; unless the group is an epilogue pair, its
- *    stored inner values (mf_fuse.c NOTE [stored inner values]) add the most
- *    of them live at one position of the group.
+ *    some op outside the group, or are stored inner values (mf_fuse.c NOTE
+ *    [stored inner values]) unless the group is an epilogue pair.
  *  - mf_tracker: op-at-a-time live bytes for valid orders, with undo, used by
  *    the scheduler to score candidates without allocating.
  */
@@ -26,9 +25,9 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
                    int64_t *step_bytes, int64_t *live_after)
 {
     int32_t n = pg->n, i, k, s, j;
-    int32_t *grp, *gsize, *pos;
+    int32_t *grp, *gsize;
     uint8_t *pair;
-    int64_t *diff, *cnt, *sweep, peak = 0, live = 0;
+    int64_t *diff, *cnt, peak = 0, live = 0;
 
     if (!group_ptr)
         n_groups = n;
@@ -50,9 +49,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
     cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
     pair = (uint8_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, 1);
-    pos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-    sweep = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 2, sizeof(int64_t));
-    if (!grp || !gsize || !diff || !cnt || !pair || !pos || !sweep)
+    if (!grp || !gsize || !diff || !cnt || !pair)
         return MF_ENOMEM;
     for (k = 0; k < n; k++)
         grp[k] = -1;
@@ -67,44 +64,24 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
             if (grp[v] >= 0)
                 return mf_set_error(ctx, MF_EINVAL, "order is not a permutation: op %d appears twice", (int)v);
             grp[v] = i;
-            pos[v] = j;
         }
         pair[i] = (uint8_t)(hi - lo == 2 && pg->epi[order[lo + 1]] == order[lo]);
     }
     for (s = 0; s < pg->ns; s++) {
-        int32_t ag = grp[pg->salloc[s]], minr = n_groups, maxr = -1, fx, lo, hi;
+        int32_t ag = grp[pg->salloc[s]], minr = n_groups, maxr = -1, fx;
         int64_t b = pg->sbytes[s];
-        lo = hi = pos[pg->salloc[s]];
         for (j = pg->sread_ptr[s]; j < pg->sread_ptr[s + 1]; j++) {
-            int32_t r = grp[pg->sread[j]], p = pos[pg->sread[j]];
+            int32_t r = grp[pg->sread[j]];
             if (r < minr)
                 minr = r;
             if (r > maxr)
                 maxr = r;
-            lo = p < lo ? p : lo;
-            hi = p > hi ? p : hi;
         }
-        if (gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag || (pg->smat[s] && !pair[ag] && maxr < 0))
+        if (gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag || (pg->smat[s] && !pair[ag]))
             cnt[ag] += b;
-        else if (pg->smat[s] && !pair[ag]) { /* read inside its group only: stored over [lo, hi] */
-            sweep[lo] += b;
-            sweep[hi + 1] -= b;
-        }
         fx = pg->sout[s] ? n_groups : (maxr > ag ? maxr : ag); /* gone from live_after[fx] */
         diff[ag] += b;
         diff[fx] -= b;
-    }
-    {
-        int64_t run = 0;
-        for (i = 0; i < n_groups; i++) {
-            int32_t lo = group_ptr ? group_ptr[i] : i, hi = group_ptr ? group_ptr[i + 1] : i + 1;
-            int64_t most = 0;
-            for (j = lo; j < hi; j++) {
-                run += sweep[j];
-                most = run > most ? run : most;
-            }
-            cnt[i] += most;
-        }
     }
     for (i = 0; i < n_groups; i++) {
         int64_t during = live + cnt[i];

@@ -304,22 +304,19 @@ static int64_t ref_live(const ref *r, uint64_t S)
 /* Literal simulation of an order with groups (any permutation). */
 static int64_t ref_sim(const ref *r, const int32_t *order, const int32_t *gp, int ng, int64_t *steps)
 {
-    int gidx[RMAX], opos[RMAX], t, s, i;
+    int gidx[RMAX], t, s, i;
     int64_t peak = 0;
     if (!gp)
         ng = r->n;
     for (t = 0; t < ng; t++) {
         int lo = gp ? gp[t] : t, hi = gp ? gp[t + 1] : t + 1;
-        for (i = lo; i < hi; i++) {
+        for (i = lo; i < hi; i++)
             gidx[order[i]] = t;
-            opos[order[i]] = i;
-        }
     }
     for (t = 0; t < ng; t++) {
         int64_t during = 0;
         int size = gp ? gp[t + 1] - gp[t] : 1;
         int pair = size == 2 && r->epi[order[gp[t] + 1]] == order[gp[t]];
-        int64_t most = 0;
         for (s = 0; s < r->ns; s++) {
             int a = gidx[r->salloc[s]], last = -1, outside = 0, k;
             for (k = 0; k < r->n; k++)
@@ -330,7 +327,7 @@ static int64_t ref_sim(const ref *r, const int32_t *order, const int32_t *gp, in
                         outside = 1;
                 }
             if (a == t) {
-                if (size == 1 || r->sout[s] || outside || (r->smat[s] && !pair && !r->sreaders[s]))
+                if (size == 1 || r->sout[s] || outside || (r->smat[s] && !pair))
                     during += r->sb[s];
             } else if (a < t) {
                 int freed_after = last > a ? last : a;
@@ -338,27 +335,6 @@ static int64_t ref_sim(const ref *r, const int32_t *order, const int32_t *gp, in
                     during += r->sb[s];
             }
         }
-        /* NOTE [stored inner values]: stored inner values, from allocation to last read, at their
-         * most at one position of the group */
-        for (i = gp ? gp[t] : t; size > 1 && !pair && i < gp[t + 1]; i++) {
-            int64_t at = 0;
-            for (s = 0; s < r->ns; s++) {
-                int lo, hi, k, out = 0;
-                if (!r->smat[s] || r->sout[s] || gidx[r->salloc[s]] != t || !r->sreaders[s])
-                    continue;
-                lo = hi = opos[r->salloc[s]];
-                for (k = 0; k < r->n; k++)
-                    if (r->sreaders[s] >> k & 1) {
-                        out |= gidx[k] != t;
-                        lo = opos[k] < lo ? opos[k] : lo;
-                        hi = opos[k] > hi ? opos[k] : hi;
-                    }
-                if (!out && lo <= i && i <= hi)
-                    at += r->sb[s];
-            }
-            most = at > most ? at : most;
-        }
-        during += most;
         if (steps)
             steps[t] = during;
         if (during > peak)
