@@ -304,6 +304,9 @@ def _torch_callable(bsyms, inputs, outputs):
     return transform_for_execution(trace, executors_list=(pytorch_ex,)).python_callable(include_decorators=False)
 
 
+MAX_VARIANTS = 8  # stride patterns compiled per region before Dynamo takes the rest
+
+
 class InductorRegion:
     """NOTE [regions without Dynamo]
     torch.compile puts Dynamo in front of every call of a compiled function: a frame hook, a guard
@@ -317,12 +320,13 @@ class InductorRegion:
     generate.  A call is then Inductor's own `call`: size and stride assertions, its kernels.
 
     What the trace does not fix are strides: a second call with differently laid out inputs (a
-    transposed weight, say) compiles a second variant, keyed by the inputs' strides.  Grad mode
+    transposed weight, say) compiles a second variant, keyed by the inputs' strides; past
+    MAX_VARIANTS patterns, new ones go through Dynamo (below), which handles them its own way.  Grad mode
     is off for the call, as in Thunder's own regions.  A program that cannot be traced this way
     (an op without a fake-tensor kernel, say) is compiled as Thunder's torchcompile executor
     would, through Dynamo (make_compiled): slower calls, same kernels; `why_dynamo` says why."""
 
-    __slots__ = ("fn", "variants", "lock", "dynamo", "why_dynamo")
+    __slots__ = ("fn", "variants", "lock", "dynamo", "why_dynamo", "dynamo_fn")
 
     def __init__(self, fn, dynamo):
         self.fn = fn
@@ -330,6 +334,7 @@ class InductorRegion:
         self.lock = threading.Lock()
         self.dynamo = dynamo  # () -> the region through torch.compile, for what make_fx cannot trace
         self.why_dynamo = None
+        self.dynamo_fn = None  # built once, on the first stride pattern that needs it
 
     def __call__(self, *args):
         import torch
@@ -353,12 +358,16 @@ class InductorRegion:
             compiled = self.variants.get(key)
             if compiled is None:
                 try:
+                    if len(self.variants) >= MAX_VARIANTS:
+                        raise RuntimeError(f"more than {MAX_VARIANTS} stride patterns")
                     with torch.no_grad():
                         gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
                         compiled = compile_fx_inner(gm, list(args))
                 except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                     self.why_dynamo = f"{type(e).__name__}: {e}"
-                    fn = self.dynamo()
+                    if self.dynamo_fn is None:
+                        self.dynamo_fn = self.dynamo()
+                    fn = self.dynamo_fn
 
                     def compiled(boxed, fn=fn):
                         return fn(*boxed)
