@@ -10,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "mf_core.h"
+#include "fixed_graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,62 +30,6 @@ static int c_failures, c_checks;
             fprintf(stderr, "\n");                                                           \
         }                                                                                    \
     } while (0)
-
-/* ---- a small graph builder (fixed capacity) ---- */
-#define GMAX 256
-typedef struct cg {
-    int32_t n_ops, n_values, n_in, n_out, n_alias;
-    int32_t in_ptr[GMAX + 1], out_ptr[GMAX + 1], in_idx[4 * GMAX], out_idx[GMAX];
-    int64_t bytes[GMAX];
-    int32_t alias_of[GMAX];
-    uint8_t is_input[GMAX], is_output[GMAX], comm[GMAX];
-} cg;
-
-static void cg_init(cg *g)
-{
-    memset(g, 0, sizeof *g);
-    memset(g->alias_of, 0xff, sizeof g->alias_of);
-}
-
-static int32_t cg_value(cg *g, int64_t bytes, int is_input)
-{
-    g->bytes[g->n_values] = bytes;
-    g->is_input[g->n_values] = (uint8_t)is_input;
-    return g->n_values++;
-}
-
-/* op reading ins[0..nin), producing one new value of `bytes`; returns it */
-static int32_t cg_op(cg *g, const int32_t *ins, int nin, int64_t bytes, uint8_t comm)
-{
-    int i;
-    int32_t v = cg_value(g, bytes, 0);
-    for (i = 0; i < nin; i++)
-        g->in_idx[g->n_in++] = ins[i];
-    g->out_idx[g->n_out++] = v;
-    g->comm[g->n_ops] = comm;
-    g->n_ops++;
-    g->in_ptr[g->n_ops] = g->n_in;
-    g->out_ptr[g->n_ops] = g->n_out;
-    return v;
-}
-
-static mf_graph_desc cg_desc(const cg *g, int with_comm)
-{
-    mf_graph_desc d;
-    memset(&d, 0, sizeof d);
-    d.n_ops = g->n_ops;
-    d.n_values = g->n_values;
-    d.in_ptr = g->in_ptr;
-    d.in_idx = g->in_idx;
-    d.out_ptr = g->out_ptr;
-    d.out_idx = g->out_idx;
-    d.value_bytes = g->bytes;
-    d.alias_of = g->alias_of;
-    d.is_input = g->is_input;
-    d.is_output = g->is_output;
-    d.comm = with_comm ? g->comm : NULL;
-    return d;
-}
 
 static int pos_of(const mf_plan_result *r, int32_t op)
 {
@@ -157,20 +102,20 @@ done:
  * future, wait -> the synced gradient (an alias of the future, a graph
  * output).  The input order computes every gradient first and issues all
  * collectives at the end (as Thunder's DDP trace does). */
-static void build_ddp(cg *g, int L, int64_t act, int64_t wgt)
+static void build_ddp(fg *g, int L, int64_t act, int64_t wgt)
 {
     int32_t x, gi[16], wi[16], fi[16], i;
-    cg_init(g);
-    x = cg_value(g, act, 1);
+    fg_init(g);
+    x = fg_value(g, act, 1);
     for (i = 0; i < L; i++) {
         int32_t prev = i ? gi[i - 1] : x;
-        gi[i] = cg_op(g, &prev, 1, act, MF_COMM_NONE);
-        wi[i] = cg_op(g, &gi[i], 1, wgt, MF_COMM_NONE);
+        gi[i] = fg_op(g, &prev, 1, act, MF_COMM_NONE);
+        wi[i] = fg_op(g, &gi[i], 1, wgt, MF_COMM_NONE);
     }
     for (i = 0; i < L; i++)
-        fi[i] = cg_op(g, &wi[i], 1, wgt, MF_COMM_ISSUE);
+        fi[i] = fg_op(g, &wi[i], 1, wgt, MF_COMM_ISSUE);
     for (i = 0; i < L; i++) {
-        int32_t w = cg_op(g, &fi[i], 1, wgt, MF_COMM_WAIT);
+        int32_t w = fg_op(g, &fi[i], 1, wgt, MF_COMM_WAIT);
         g->alias_of[w] = fi[i];
         g->is_output[w] = 1;
     }
@@ -179,12 +124,12 @@ static void build_ddp(cg *g, int L, int64_t act, int64_t wgt)
 
 static void test_ddp_shape(void)
 {
-    cg g;
+    fg g;
     mf_plan_result r;
     mf_graph_desc d;
     int L = 6, i;
     build_ddp(&g, L, 100, 10);
-    d = cg_desc(&g, 1);
+    d = fg_desc(&g, 1);
     memset(&r, 0, sizeof r);
     if (plan_with(&d, 1, 0, &r)) {
         CCHECK(0, "ddp plan failed");
@@ -210,21 +155,21 @@ static void test_ddp_shape(void)
  * collective must wait until the peak has passed. */
 static void test_bound(void)
 {
-    cg g;
+    fg g;
     mf_plan_result with, without;
     mf_graph_desc d;
     mf_ctx ctx;
     int32_t x, a, big, s, f, w;
-    cg_init(&g);
-    x = cg_value(&g, 1, 1);
-    a = cg_op(&g, &x, 1, 1, MF_COMM_NONE);         /* op 0: the collective's input */
-    big = cg_op(&g, &x, 1, 100, MF_COMM_NONE);     /* op 1: the peak */
-    s = cg_op(&g, &big, 1, 1, MF_COMM_NONE);       /* op 2: frees big */
-    f = cg_op(&g, &a, 1, 50, MF_COMM_ISSUE);       /* op 3: a 50-byte result */
-    w = cg_op(&g, &f, 1, 50, MF_COMM_WAIT);        /* op 4 */
+    fg_init(&g);
+    x = fg_value(&g, 1, 1);
+    a = fg_op(&g, &x, 1, 1, MF_COMM_NONE);         /* op 0: the collective's input */
+    big = fg_op(&g, &x, 1, 100, MF_COMM_NONE);     /* op 1: the peak */
+    s = fg_op(&g, &big, 1, 1, MF_COMM_NONE);       /* op 2: frees big */
+    f = fg_op(&g, &a, 1, 50, MF_COMM_ISSUE);       /* op 3: a 50-byte result */
+    w = fg_op(&g, &f, 1, 50, MF_COMM_WAIT);        /* op 4 */
     g.alias_of[w] = f;
     g.is_output[w] = g.is_output[s] = 1;
-    d = cg_desc(&g, 1);
+    d = fg_desc(&g, 1);
     memset(&with, 0, sizeof with);
     memset(&without, 0, sizeof without);
     mf_ctx_init(&ctx, NULL);
@@ -256,61 +201,61 @@ static void test_random(void)
 {
     int t;
     for (t = 0; t < 300; t++) {
-        cg g;
+        fg g;
         mf_graph_desc d;
-        int32_t vals[GMAX], nv = 0, n = 6 + c_rint(24), i;
-        cg_init(&g);
-        vals[nv++] = cg_value(&g, 1 + c_rint(50), 1);
-        for (i = 0; i < n && g.n_ops < GMAX - 4; i++) {
+        int32_t vals[FG_MAX], nv = 0, n = 6 + c_rint(24), i;
+        fg_init(&g);
+        vals[nv++] = fg_value(&g, 1 + c_rint(50), 1);
+        for (i = 0; i < n && g.n_ops < FG_MAX - 4; i++) {
             int32_t ins[2];
             int nin = 1 + c_rint(2), j;
             for (j = 0; j < nin; j++)
                 ins[j] = vals[c_rint(nv)];
             if (c_rint(4) == 0) {
-                int32_t f = cg_op(&g, ins, 1, 1 + c_rint(60), MF_COMM_ISSUE), w;
+                int32_t f = fg_op(&g, ins, 1, 1 + c_rint(60), MF_COMM_ISSUE), w;
                 if (c_rint(3)) {
-                    w = cg_op(&g, &f, 1, g.bytes[f], MF_COMM_WAIT);
+                    w = fg_op(&g, &f, 1, g.bytes[f], MF_COMM_WAIT);
                     g.alias_of[w] = f;
                     vals[nv++] = w;
                 } else {
                     g.is_output[f] = 1;
                 }
             } else {
-                vals[nv++] = cg_op(&g, ins, nin, 1 + c_rint(100), MF_COMM_NONE);
+                vals[nv++] = fg_op(&g, ins, nin, 1 + c_rint(100), MF_COMM_NONE);
             }
         }
         g.is_output[vals[nv - 1]] = 1;
-        d = cg_desc(&g, 1);
+        d = fg_desc(&g, 1);
         check_invariants(&d, "random", t);
     }
 }
 
 static void test_errors(void)
 {
-    cg g;
+    fg g;
     mf_graph_desc d;
     mf_ctx ctx;
     int32_t x;
     build_ddp(&g, 2, 10, 10);
     g.comm[0] = 3;
-    d = cg_desc(&g, 1);
+    d = fg_desc(&g, 1);
     mf_ctx_init(&ctx, NULL);
     CCHECK(mf_graph_check(&ctx, &d) == MF_EINVAL && strstr(ctx.err, "comm kind"), "bad comm kind: %s", ctx.err);
     /* collectives keep their input order: one that reads (through a wait)
      * the result of a collective later in the input order is a cycle */
-    cg_init(&g);
-    x = cg_value(&g, 4, 1);
+    fg_init(&g);
+    x = fg_value(&g, 4, 1);
     {
         int32_t fb = 3, w, fa_;
-        w = cg_op(&g, &fb, 1, 4, MF_COMM_WAIT);   /* op 0 (value 1) waits on op 2 */
-        fa_ = cg_op(&g, &w, 1, 4, MF_COMM_ISSUE); /* op 1 (value 2) */
-        cg_op(&g, &x, 1, 4, MF_COMM_ISSUE);       /* op 2 (value 3) */
+        w = fg_op(&g, &fb, 1, 4, MF_COMM_WAIT);   /* op 0 (value 1) waits on op 2 */
+        fa_ = fg_op(&g, &w, 1, 4, MF_COMM_ISSUE); /* op 1 (value 2) */
+        fg_op(&g, &x, 1, 4, MF_COMM_ISSUE);       /* op 2 (value 3) */
         g.alias_of[w] = fb;
         g.is_output[fa_] = 1;
     }
-    d = cg_desc(&g, 1);
+    d = fg_desc(&g, 1);
     CCHECK(mf_graph_check(&ctx, &d) == MF_ECYCLE, "collectives out of data order: status %s", ctx.err);
-    d = cg_desc(&g, 0);
+    d = fg_desc(&g, 0);
     CCHECK(mf_graph_check(&ctx, &d) == MF_OK, "the same graph without collectives: %s", ctx.err);
 }
 
@@ -339,11 +284,11 @@ static void fa_free(void *ud, void *p)
 
 static void test_alloc_failures(void)
 {
-    cg g;
+    fg g;
     mf_graph_desc d;
     long total, k;
     build_ddp(&g, 4, 100, 10);
-    d = cg_desc(&g, 1);
+    d = fg_desc(&g, 1);
     {
         fa f = {0, 0, 0};
         mf_allocator al = {fa_alloc, fa_free, &f};

@@ -5,6 +5,7 @@
  * order (NOTE [baseline order]).  Called from test_core.c's main.
  */
 #include "mf_core.h"
+#include "fixed_graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,65 +58,22 @@ static void b_free(void *ud, void *q)
     free(p);
 }
 
-/* ---- graphs: flat arrays, value 0 the graph input ---- */
-#define HMAX 512
-typedef struct hg {
-    int32_t n, nv, in_ptr[HMAX + 1], out_ptr[HMAX + 1], in_idx[4 * HMAX], out_idx[HMAX];
-    int64_t bytes[HMAX + 2];
-    uint8_t is_input[HMAX + 2], is_output[HMAX + 2];
-} hg;
-
-static void hg_op(hg *g, const int32_t *ins, int nin, int64_t out_bytes)
-{
-    int i;
-    if (g->n == 0)
-        g->in_ptr[0] = g->out_ptr[0] = 0;
-    for (i = 0; i < nin; i++)
-        g->in_idx[g->in_ptr[g->n] + i] = ins[i];
-    g->in_ptr[g->n + 1] = g->in_ptr[g->n] + nin;
-    g->bytes[g->nv] = out_bytes;
-    g->out_idx[g->out_ptr[g->n]] = g->nv++;
-    g->out_ptr[g->n + 1] = g->out_ptr[g->n] + 1;
-    g->n++;
-}
-
-static mf_graph_desc hg_desc(const hg *g)
-{
-    mf_graph_desc d;
-    memset(&d, 0, sizeof d);
-    d.n_ops = g->n;
-    d.n_values = g->nv;
-    d.in_ptr = g->in_ptr;
-    d.in_idx = g->in_idx;
-    d.out_ptr = g->out_ptr;
-    d.out_idx = g->out_idx;
-    d.value_bytes = g->bytes;
-    d.is_input = g->is_input;
-    d.is_output = g->is_output;
-    return d;
-}
-
 /* value 0 an input; a fork op, `paths` chains of 3 ops with mixed sizes, a join: hard for the DP */
-static void fork_join(hg *g, int paths)
+static void fork_join(fg *g, int paths)
 {
     static const int64_t sz[] = {1, 2, 3, 5, 8, 13};
-    int32_t ends[HMAX], p, s, prev, zero = 0, fork;
-    memset(g, 0, sizeof *g);
-    g->nv = 1;
-    g->bytes[0] = 0;
-    g->is_input[0] = 1;
-    hg_op(g, &zero, 1, 8);
-    fork = g->nv - 1;
+    int32_t ends[FG_MAX], p, s, prev, zero = 0, fork;
+    fg_init(g);
+    fg_value(g, 0, 1);
+    fork = fg_op(g, &zero, 1, 8, 0);
     for (p = 0; p < paths; p++) {
         prev = fork;
         for (s = 0; s < 3; s++) {
-            hg_op(g, &prev, 1, 64 * sz[(p * 7 + s * 3 + p / 5) % 6]);
-            prev = g->nv - 1;
+            prev = fg_op(g, &prev, 1, 64 * sz[(p * 7 + s * 3 + p / 5) % 6], 0);
         }
         ends[p] = prev;
     }
-    hg_op(g, ends, paths, 4);
-    g->is_output[g->nv - 1] = 1;
+    g->is_output[fg_op(g, ends, paths, 4, 0)] = 1;
 }
 
 static int valid_order(const mf_graph_desc *d, const int32_t *order)
@@ -128,7 +86,7 @@ static int valid_order(const mf_graph_desc *d, const int32_t *order)
 
 static void test_byte_sums(void)
 {
-    hg g;
+    fg g;
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_result res;
@@ -136,17 +94,15 @@ static void test_byte_sums(void)
     int64_t pk = -1, steps[3];
     int st;
     /* issue 10: [0, 2**62, 2**62, 4]; the true peak 2**63 does not fit */
-    memset(&g, 0, sizeof g);
-    g.nv = 1;
-    g.is_input[0] = 1;
-    g.bytes[0] = INT64_MAX; /* a graph input: never counted */
-    hg_op(&g, &z, 1, (int64_t)1 << 62);
-    hg_op(&g, &z, 1, (int64_t)1 << 62);
+    fg_init(&g);
+    fg_value(&g, INT64_MAX, 1); /* a graph input: never counted */
+    fg_op(&g, &z, 1, (int64_t)1 << 62, 0);
+    fg_op(&g, &z, 1, (int64_t)1 << 62, 0);
     ins[0] = 1;
     ins[1] = 2;
-    hg_op(&g, ins, 2, 4);
+    fg_op(&g, ins, 2, 4, 0);
     g.is_output[3] = 1;
-    d = hg_desc(&g);
+    d = fg_desc(&g, 0);
     mf_ctx_init(&ctx, NULL);
     st = mf_plan(&ctx, &d, NULL, &res);
     HCHECK(st == MF_EINVAL && strstr(ctx.err, "value_bytes") && strstr(ctx.err, "at value 1"), "plan: %d %s", st,
@@ -180,7 +136,7 @@ static int cancel_cb(void *ud)
 
 static void test_cancel(void)
 {
-    static hg g;
+    static fg g;
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_options opt;
@@ -191,7 +147,7 @@ static void test_cancel(void)
     long stops[] = {1, 2, 50};
     int i, st;
     fork_join(&g, 40);
-    d = hg_desc(&g);
+    d = fg_desc(&g, 0);
     al.alloc = b_alloc;
     al.free = b_free;
     al.ud = &b;
@@ -223,7 +179,7 @@ static void test_cancel(void)
 
 static void test_dp_budget(void)
 {
-    static hg g;
+    static fg g;
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_options opt;
@@ -233,7 +189,7 @@ static void test_dp_budget(void)
     long long base_peak;
     int st;
     fork_join(&g, 66); /* 200 ops */
-    d = hg_desc(&g);
+    d = fg_desc(&g, 0);
     al.alloc = b_alloc;
     al.free = b_free;
     al.ud = &b;
