@@ -53,7 +53,7 @@ def plan_trace(
     bsyms: Sequence[Any],
     *,
     tensor_type: type,
-    view_names: Any,
+    aliases: Any,
     prologue_ids: Any,
     drop_ids: Any,
     return_ids: Any,

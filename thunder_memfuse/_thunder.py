@@ -205,13 +205,15 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     regions.nvrtc.epilogue_pair; trace.c NOTE [epilogue candidates]).
     comm_overlap: issue collectives early and waits late within the planned
     peaks (csrc/core/mf_comm.c NOTE [collective overlap])."""
+    from ._aliases import aliases
+
     if epilogue_pair is None:
         from .regions.nvrtc import epilogue_pair
     return _C.plan_trace(
         bsyms,
         # futures are sized like tensors (trace.c NOTE [collectives])
         tensor_type=(TensorProxy, FutureTensorProxy),
-        view_names=is_view,
+        aliases=aliases,
         prologue_ids=PROLOGUE_IDS,
         drop_ids=DROP_IDS,
         return_ids=RETURN_IDS,
@@ -235,6 +237,8 @@ def saved_storages(forward_trace) -> dict:
     in the caller, while activations die with their last use in the backward."""
     from thunder.core.vjp_utils import get_saved_for_backward_tensors
 
+    from ._aliases import aliases
+
     producer = {}
 
     def index(bsyms, outer=None):
@@ -254,12 +258,14 @@ def saved_storages(forward_trace) -> dict:
             b = producer.get(p.name)
             if b is None or b.sym.id in PROLOGUE_IDS:
                 return p, True
-            if not is_view(b):
+            # a view in the memory model (_aliases NOTE [storage identity]): update_aliases,
+            # copy_'s result and the view ops share their argument's storage
+            found = aliases(b)
+            j = next((j for j, o in enumerate(b.flat_proxy_outs) if getattr(o, "name", None) == p.name), None)
+            e = found[j] if found and j is not None and j < len(found) else None
+            if e is None or not e[1]:
                 return p, False
-            tensors = [a for a in b.flat_proxy_args if isinstance(a, TensorProxy)]
-            if not tensors:
-                return p, False
-            p = tensors[0]
+            p = b.flat_proxy_args[e[0]]
         return p, True
 
     out = {}

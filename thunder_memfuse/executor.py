@@ -50,6 +50,12 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compil
     # call's arguments fall outside of: that call falls back, the next tries again.  The fallback
     # runs after the except clause: the exception's traceback would otherwise keep the kernel's
     # frames, and any output it had allocated, alive next to the fallback's own.
+    #
+    # NOTE [user errors in regions]: an error is the region's only if the fallback, plain Thunder's
+    # own ops on the same arguments, then succeeds.  Where the fallback raises too (an index out of
+    # range, a shape the user got wrong), the error is the user's: the fallback's exception, the one
+    # plain Thunder raises, propagates, nothing is warned and the compiled region stays on for the
+    # next call.
     state = {"kernel": None, "failed": False, "proven": False}
 
     def run(*args):
@@ -65,18 +71,19 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compil
                 why = (f"NotImplementedError: {e}", state["kernel"] is None, backend == "cuda")
             else:
                 why = (f"NotImplementedError: {e}", not state["proven"], True)
-        except Exception as e:  # failed to build, compile, load or launch
+        except Exception as e:  # failed to build, compile, load or launch, or the user's error
             why = (f"{type(e).__name__}: {e}", not state["proven"], True)
         if why is None:
             state["proven"] = True
             return out
+        out = fallback(*args)  # raises the user's own error (NOTE [user errors in regions])
         message, for_good, loud = why
         if for_good:
             state["failed"] = True
         if loud:
             what = "runs" if for_good else "call runs"
             _warn(f"memfuse: region {name} {what} on the fallback path: {message}")
-        return fallback(*args)
+        return out
 
     run.__name__ = name
     run.__qualname__ = name

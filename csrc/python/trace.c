@@ -1,7 +1,7 @@
 /*
  * trace.c -- read a Thunder trace into a core graph, plan it, regroup it.
  *
- * plan_trace(bsyms, *, tensor_type, view_names, prologue_ids, drop_ids,
+ * plan_trace(bsyms, *, tensor_type, aliases, prologue_ids, drop_ids,
  *            return_ids, effects, fusible, max_states=None, fuse=True,
  *            freeable=None, epilogue_pair=None, comm_overlap=True)
  *
@@ -30,6 +30,9 @@
  *  - effects(bsym) & MF_EFF_WRITES (copy_ and other in-place writes): the op
  *    runs after every earlier reader of the storage of each tensor argument,
  *    and before every later reader of it (write-after-read, read-after-write).
+ *    "The storage" is the ordering root: every name that shares it or may
+ *    share it at run time (NOTE [views]) reads and writes the same root, so a
+ *    write through any alias orders against every reader of every alias.
  *
  * NOTE [collectives]  effects(bsym) & MF_EFF_COMM marks an asynchronous
  * collective, & MF_EFF_WAIT the wait on its future.  Neither joins the chain
@@ -63,9 +66,15 @@
  * With storage information (NOTE [saved storages]), saved tensors that share
  * a storage in the forward (a tensor and its views) are one storage here too.
  *
- * NOTE [views]  A tensor output of an op whose symbol name is in view_names
- * (or, when view_names is callable, for which view_names(bsym) is true) is an
- * alias of the op's first tensor argument: it shares that storage.
+ * NOTE [views]  aliases(bsym) says which outputs share an argument's storage
+ * (thunder_memfuse/_aliases.py NOTE [storage identity]): None, or one entry
+ * per flat_proxy_outs item, None or (k, always) with k an index into
+ * flat_proxy_args.  `always`: the output is a view of argument k in the
+ * memory model (it shares that storage and allocates nothing).  Either way
+ * the output joins argument k's storage for ordering (NOTE [ordering edges]):
+ * an output that may alias its argument, depending on strides the trace does
+ * not hold (`contiguous`, `reshape`), is an alias there and a new allocation
+ * in the memory model.
  *
  * NOTE [epilogue candidates]  With fuse and an epilogue_pair callable, every
  * op v whose sized inputs are one value x produced by an op u (not a view of
@@ -84,7 +93,7 @@
 #define MF_EFF_WAIT 8
 
 typedef struct {
-    PyObject *tensor_type, *view_names, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
+    PyObject *tensor_type, *aliases, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
     PyObject *epilogue_pair; /* callable or NULL / None */
 } cfg_t;
 
@@ -93,7 +102,7 @@ typedef struct {
     mf_gbuf g;
     PyObject *ids;      /* dict: proxy name -> int value id */
     PyObject *names;    /* list: value id -> proxy name */
-    int32_t *root;      /* value -> storage root (grows with values) */
+    int32_t *root;      /* value -> ordering root: the storage it (may) share (NOTE [views]) */
     int32_t *last_writer; /* value (root) -> op or -1 */
     int32_t *head;      /* root -> first reader entry or -1 */
     int32_t cap_v;
@@ -309,12 +318,60 @@ static int contains(PyObject *set, PyObject *key)
     return r;
 }
 
+/* NOTE [views]: the argument output i shares storage with, from aliases()'s
+ * answer `al`: *mem (a view in the memory model) and *ord (the ordering root
+ * it joins), value ids or -1. */
+static int alias_of_output(walk_t *w, const cfg_t *c, PyObject *al, PyObject *argseq, Py_ssize_t i, int is_t,
+                           PyObject *symname, int32_t *mem, int32_t *ord)
+{
+    PyObject *e, *kobj, *alw;
+    Py_ssize_t k;
+    int32_t v;
+    int always;
+    *mem = *ord = -1;
+    if (al == Py_None || !is_t || i >= PyTuple_GET_SIZE(al))
+        return 0;
+    e = PyTuple_GET_ITEM(al, i);
+    if (e == Py_None)
+        return 0;
+    if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) {
+        PyErr_Format(PyExc_TypeError, "aliases(%S)[%zd] must be None or a (index, always) pair", symname, i);
+        return -1;
+    }
+    kobj = PyTuple_GET_ITEM(e, 0);
+    alw = PyTuple_GET_ITEM(e, 1);
+    k = PyLong_AsSsize_t(kobj);
+    if (k == -1 && PyErr_Occurred())
+        return -1;
+    if (k < 0 || k >= PyTuple_GET_SIZE(argseq)) {
+        PyErr_Format(PyExc_ValueError, "aliases(%S)[%zd] names argument %zd of %zd", symname, i, k,
+                     PyTuple_GET_SIZE(argseq));
+        return -1;
+    }
+    if ((always = PyObject_IsTrue(alw)) < 0)
+        return -1;
+    {
+        PyObject *p = PyTuple_GET_ITEM(argseq, k);
+        int arg_t = PyObject_IsInstance(p, c->tensor_type);
+        if (arg_t < 0)
+            return -1;
+        if (!arg_t)
+            return 0;
+        if ((v = value_of(w, c, p, 0)) < 0)
+            return PyErr_Occurred() ? -1 : 0;
+    }
+    *ord = v;
+    if (always)
+        *mem = v;
+    return 0;
+}
+
 /* Add one graph op for bsym (index op in ops_list). */
 static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int32_t op)
 {
-    PyObject *args = NULL, *outs = NULL, *r = NULL, *symname = NULL, *argseq = NULL, *outseq = NULL;
+    PyObject *args = NULL, *outs = NULL, *r = NULL, *symname = NULL, *argseq = NULL, *outseq = NULL, *al = NULL;
     long flags;
-    int fus, is_view, rc = -1;
+    int fus, rc = -1;
     int32_t first_tensor = -1;
     Py_ssize_t i;
 
@@ -333,14 +390,11 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         fus = 0;
     if (!(symname = PyObject_GetAttrString(sym, "name")))
         goto done;
-    if (PyCallable_Check(c->view_names)) { /* NOTE [views]: a predicate on the bound symbol */
-        if (!(r = PyObject_CallOneArg(c->view_names, bsym)))
-            goto done;
-        is_view = PyObject_IsTrue(r);
-        Py_CLEAR(r);
-        if (is_view < 0)
-            goto done;
-    } else if ((is_view = contains(c->view_names, symname)) < 0) {
+    if (!(al = PyObject_CallOneArg(c->aliases, bsym))) /* NOTE [views] */
+        goto done;
+    if (al != Py_None && !PyTuple_Check(al)) {
+        PyErr_Format(PyExc_TypeError, "aliases(%S) must return None or a tuple, not %.60s", symname,
+                     Py_TYPE(al)->tp_name);
         goto done;
     }
     if (!(args = PyObject_GetAttrString(bsym, "flat_proxy_args")) ||
@@ -393,7 +447,7 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     /* outputs */
     for (i = 0; i < PyTuple_GET_SIZE(outseq); i++) {
         PyObject *p = PyTuple_GET_ITEM(outseq, i), *name;
-        int32_t v;
+        int32_t v, mem_base = -1, ord_base = -1;
         int is_t, known;
         if (!(name = PyObject_GetAttrString(p, "name")))
             goto done;
@@ -421,9 +475,15 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         Py_DECREF(name);
         if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
             goto done;
-        v = new_value(w, c, p, ((is_view || (flags & MF_EFF_WAIT)) && is_t) ? first_tensor : -1);
+        if (alias_of_output(w, c, al, argseq, i, is_t, symname, &mem_base, &ord_base) < 0)
+            goto done;
+        if ((flags & MF_EFF_WAIT) && is_t)
+            mem_base = ord_base = first_tensor;
+        v = new_value(w, c, p, mem_base);
         if (v < 0)
             goto done;
+        if (ord_base >= 0)
+            w->root[v] = w->root[ord_base];
         if (mf_gbuf_op_out(&w->g, v) < 0)
             goto nomem;
     }
@@ -454,6 +514,7 @@ nomem:
     PyErr_NoMemory();
 done:
     Py_XDECREF(r);
+    Py_XDECREF(al);
     Py_XDECREF(symname);
     Py_XDECREF(args);
     Py_XDECREF(outs);
@@ -586,7 +647,7 @@ done:
 
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
-    static char *kwlist[] = {"bsyms",      "tensor_type", "view_names", "prologue_ids", "drop_ids", "return_ids",
+    static char *kwlist[] = {"bsyms",      "tensor_type", "aliases", "prologue_ids", "drop_ids", "return_ids",
                              "effects",    "fusible",     "max_states", "fuse",         "freeable",
                              "epilogue_pair", "comm_overlap", NULL};
     cfg_t c;
@@ -603,10 +664,10 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     memset(&w, 0, sizeof w);
     memset(&c, 0, sizeof c);
     if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOOp:plan_trace", kwlist, &bsyms, &c.tensor_type,
-                                     &c.view_names, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
+                                     &c.aliases, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
                                      &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair, &comm_overlap))
         return NULL;
-    if (!c.tensor_type || !c.view_names || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
+    if (!c.tensor_type || !c.aliases || !PyCallable_Check(c.aliases) || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
         !c.fusible) {
         PyErr_SetString(PyExc_TypeError, "plan_trace: every classification keyword is required");
         return NULL;
@@ -840,7 +901,7 @@ done:
 
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
-     "plan_trace($module, /, bsyms, *, tensor_type, view_names, prologue_ids, drop_ids, return_ids, effects, "
+     "plan_trace($module, /, bsyms, *, tensor_type, aliases, prologue_ids, drop_ids, return_ids, effects, "
      "fusible, max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True)\n--\n\n"
      "Read a Thunder trace's bound symbols, plan them and regroup them; returns a dict.  max_states as in "
      "plan()."},

@@ -319,14 +319,16 @@ class InductorRegion:
     compiled by Inductor's graph compiler (compile_fx_inner): the same code torch.compile would
     generate.  A call is then Inductor's own `call`: size and stride assertions, its kernels.
 
-    What the trace does not fix are strides: a second call with differently laid out inputs (a
-    transposed weight, say) compiles a second variant, keyed by the inputs' strides; past
-    MAX_VARIANTS patterns, new ones go through Dynamo (below), which handles them its own way.  Grad mode
+    What the trace does not fix are strides, and under cache="symbolic values" sizes: Inductor's
+    program asserts both, so each pattern of input sizes and strides (a transposed weight, a new
+    batch size) compiles a variant of its own.  Past MAX_VARIANTS patterns, every new one goes
+    through one shared Dynamo callable (below), which handles them its own way (with dynamic
+    shapes); nothing more is stored per pattern, so the table stays bounded.  Grad mode
     is off for the call, as in Thunder's own regions.  A program that cannot be traced this way
     (an op without a fake-tensor kernel, say) is compiled as Thunder's torchcompile executor
     would, through Dynamo (make_compiled): slower calls, same kernels; `why_dynamo` says why."""
 
-    __slots__ = ("fn", "variants", "lock", "dynamo", "why_dynamo", "dynamo_fn")
+    __slots__ = ("fn", "variants", "lock", "dynamo", "why_dynamo", "dynamo_fn", "untraceable")
 
     def __init__(self, fn, dynamo):
         self.fn = fn
@@ -334,12 +336,13 @@ class InductorRegion:
         self.lock = threading.Lock()
         self.dynamo = dynamo  # () -> the region through torch.compile, for what make_fx cannot trace
         self.why_dynamo = None
-        self.dynamo_fn = None  # built once, on the first stride pattern that needs it
+        self.dynamo_fn = None  # built once, on the first pattern that needs it
+        self.untraceable = False  # make_fx failed once: every pattern goes through Dynamo
 
     def __call__(self, *args):
         import torch
 
-        key = tuple([a.stride() for a in args])
+        key = tuple([(a.size(), a.stride()) for a in args])
         compiled = self.variants.get(key)
         if compiled is None:
             compiled = self._compile(key, args)
@@ -347,6 +350,18 @@ class InductorRegion:
             with torch.no_grad():
                 return compiled(list(args))
         return compiled(list(args))
+
+    def _shared(self):
+        """The one Dynamo callable, taking every pattern past the cap (and all of them where
+        make_fx cannot trace the program)."""
+        if self.dynamo_fn is None:
+            fn = self.dynamo()
+
+            def boxed(args, fn=fn):
+                return fn(*args)
+
+            self.dynamo_fn = boxed
+        return self.dynamo_fn
 
     def _compile(self, key, args):
         import torch
@@ -356,22 +371,21 @@ class InductorRegion:
 
         with self.lock:
             compiled = self.variants.get(key)
-            if compiled is None:
-                try:
-                    if len(self.variants) >= MAX_VARIANTS:
-                        raise RuntimeError(f"more than {MAX_VARIANTS} stride patterns")
-                    with torch.no_grad():
-                        gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-                        compiled = compile_fx_inner(gm, list(args))
-                except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
-                    self.why_dynamo = f"{type(e).__name__}: {e}"
-                    if self.dynamo_fn is None:
-                        self.dynamo_fn = self.dynamo()
-                    fn = self.dynamo_fn
-
-                    def compiled(boxed, fn=fn):
-                        return fn(*boxed)
-                self.variants[key] = compiled
+            if compiled is not None:
+                return compiled
+            if self.untraceable or len(self.variants) >= MAX_VARIANTS:
+                if not self.untraceable:
+                    self.why_dynamo = f"more than {MAX_VARIANTS} size and stride patterns"
+                return self._shared()
+            try:
+                with torch.no_grad():
+                    gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+                    compiled = compile_fx_inner(gm, list(args))
+            except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
+                self.why_dynamo = f"{type(e).__name__}: {e}"
+                self.untraceable = True
+                return self._shared()
+            self.variants[key] = compiled
         return compiled
 
 

@@ -1,0 +1,219 @@
+"""A differential fuzzer: random straight-line programs run by plain Thunder and by Thunder with memfuse.
+
+Each program is a random sequence of elementwise ops, views (slices, transposes, `view`), may-alias
+ops (`reshape`, `contiguous`), matmuls, reductions, random draws and in-place ops on intermediates,
+on inputs and on views of either, with inputs that do or do not require grad.  Eager runs it first;
+where plain Thunder disagrees with eager (or cannot run it) the program says nothing about memfuse
+and is skipped.  Otherwise memfuse, under the same executors and the same seed, must give plain
+Thunder's outputs and input gradients: bit for bit where memfuse only reorders (plain thunder.jit),
+within float tolerance where its regions are compiled (executors=["torchcompile"]).  Every run also
+checks that memfuse planned each trace (its `_memfuse_info`), so a pass that silently did nothing
+fails here.
+
+    python tests/fuzz_programs.py --programs 3000 --seconds 1800 [--executors torchcompile]
+
+tests/test_fuzz.py runs a seeded, time-bounded slice of it in the test command.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+N = 6  # every full value is N x N; partial views are slices of one
+
+
+# Source templates: {x}, {y} are values, {t} an in-place target.  Programs are generated as
+# straight-line source, which Thunder's interpreter traces far faster than a loop over closures.
+_UNARY = ["{x}.sin()", "{x}.cos()", "torch.tanh({x})", "{x}.relu()", "-{x}", "{x} * 2", "torch.sigmoid({x})",
+          "torch.exp({x}.clamp(-3, 3))"]
+_BINARY = ["{x} + {y}", "{x} * {y}", "{x} - {y}", "({x} @ {y}) / N", "{x} + {y}.sum(0, keepdim=True) / N",
+           "torch.where({x} > 0, {x}, {y})"]
+# full-shape views and may-alias ops
+_VIEWS = ["{x}[:, :]", "{x}.t()", "{x}.view(N, N)", "{x}.view(-1).view(N, N)", "{x}.reshape(N * N).reshape(N, N)",
+          "{x}.contiguous()", "{x}.t().contiguous()", "{x}.t().reshape(N, N)", "{x}.to(torch.float32)"]
+# partial views, targets of in-place ops
+_PARTS = ["{x}[:, : N // 2]", "{x}[N // 3:]", "{x}.diagonal()", "{x}[0]", "{x}.t()[:, 1:]"]
+_INPLACE = ["{t}.add_({y})", "{t}.mul_(0.5)", "{t}.sin_()", "{t}.relu_()", "{t}.copy_({y})", "{t}.clamp_(-0.5, 0.5)"]
+
+
+@dataclass
+class Program:
+    seed: int
+    grad: bool
+    lines: list = field(default_factory=list)
+    fn: object = None
+
+    def __call__(self, a, b):
+        return self.fn(a, b)
+
+    def describe(self):
+        return "\n".join(self.lines)
+
+
+def make_program(seed: int) -> Program:
+    rng = random.Random(seed)
+    p = Program(seed=seed, grad=rng.random() < 0.4)
+    vals = ["a", "b"]
+    computed = []  # intermediates (targets for in-place ops)
+    body = []
+    for _ in range(rng.randrange(4, 14)):
+        r = rng.random()
+        x, y = rng.choice(vals), rng.choice(vals)
+        if r < 0.25:
+            expr = rng.choice(_UNARY).format(x=x)
+        elif r < 0.5:
+            expr = rng.choice(_BINARY).format(x=x, y=y)
+        elif r < 0.62:
+            src = rng.choice(computed) if computed and rng.random() < 0.8 else x
+            expr = rng.choice(_VIEWS).format(x=src)
+        elif r < 0.66:
+            expr = f"torch.rand_like({x})"
+        else:
+            # in-place writes: intermediates (and their views); inputs when nothing requires grad
+            targets = computed + ([] if p.grad else ["a", "b"])
+            if not targets:
+                continue
+            t = rng.choice(targets)
+            if rng.random() < 0.15:
+                body.append(f"{t}[: N // 2] = {y}[: N // 2] * 0.5")
+                continue
+            if rng.random() < 0.4:
+                part = rng.choice(_PARTS)
+                t, y = part.format(x=t), part.format(x=y)
+            body.append(rng.choice(_INPLACE).format(t=t, y=y))
+            continue
+        name = f"v{len(vals)}"
+        body.append(f"{name} = {expr}")
+        vals.append(name)
+        computed.append(name)
+    if not computed:
+        body.append("v2 = a + b")
+        computed.append("v2")
+    outs = sorted(set(rng.sample(computed, k=min(len(computed), rng.randrange(1, 4))) + [computed[-1]]))
+    body.append(f"return ({', '.join(outs)},)")
+    p.lines = ["def program(a, b):"] + ["    " + ln for ln in body]
+    src = "\n".join(p.lines) + "\n"
+    ns = {"torch": torch, "N": N}
+    exec(compile(src, f"<fuzz program {seed}>", "exec"), ns)
+    p.fn = ns["program"]
+    return p
+
+
+def _inputs(p: Program):
+    g = torch.Generator().manual_seed(p.seed)
+    a = torch.randn(N, N, generator=g)
+    b = torch.randn(N, N, generator=g)
+    return a, b
+
+
+def _run(fn, p: Program):
+    """Outputs (detached) and, when the program's inputs require grad, their gradients."""
+    a, b = _inputs(p)
+    if p.grad:
+        a.requires_grad_(True)
+        b.requires_grad_(True)
+    torch.manual_seed(1234)
+    outs = fn(a, b)
+    res = [o.detach().clone() for o in outs]
+    if p.grad:
+        w = torch.Generator().manual_seed(p.seed + 1)
+        diff = [o for o in outs if o.requires_grad]
+        if diff:
+            loss = sum((o * torch.randn(o.shape, generator=w)).sum() for o in diff)
+            loss.backward()
+        res += [x.grad.clone() if x.grad is not None else torch.zeros(N, N) for x in (a, b)]
+    res += [a.detach().clone(), b.detach().clone()]  # in-place writes to the inputs count too
+    return res
+
+
+def _close(xs, ys, exact):
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if x.shape != y.shape:
+            return False
+        if exact:
+            if not torch.equal(x, y):
+                return False
+        elif not torch.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True):
+            return False
+    return True
+
+
+@dataclass
+class Outcome:
+    status: str  # "ok", "skip" (plain Thunder wrong or unable), "mismatch", "unplanned", "error"
+    detail: str = ""
+
+
+def check(p: Program, executors=None) -> Outcome:
+    import thunder
+
+    from thunder_memfuse import MemFuse, MemFuseWarning
+
+    kw = {"executors": executors} if executors else {}
+    try:
+        ref = _run(p.fn, p)
+    except Exception as e:  # the program itself is invalid in eager (a leaf written in place, ...)
+        return Outcome("skip", f"eager: {type(e).__name__}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = _run(thunder.jit(p.fn, **kw), p)
+    except Exception as e:
+        return Outcome("skip", f"plain Thunder: {type(e).__name__}: {str(e)[:80]}")
+    if not _close(plain, ref, exact=False):
+        return Outcome("skip", "plain Thunder disagrees with eager")
+    jm = thunder.jit(p.fn, transforms=[MemFuse(strict=True)], **kw)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", MemFuseWarning)
+            ours = _run(jm, p)
+    except Exception as e:
+        return Outcome("error", f"{type(e).__name__}: {str(e)[:300]}")
+    if not _close(ours, plain, exact=not executors):
+        return Outcome("mismatch", "memfuse's results differ from plain Thunder's")
+    kinds = ["forward"] + (["backward"] if p.grad and thunder.last_backward_traces(jm) else [])
+    for kind, getter in (("forward", thunder.last_traces), ("backward", thunder.last_backward_traces)):
+        if kind in kinds and not any(getattr(t, "_memfuse_info", None) for t in getter(jm)):
+            return Outcome("unplanned", f"memfuse did not plan the {kind} trace")
+    return Outcome("ok")
+
+
+def fuzz(seeds, *, seconds=None, executors=None, log=None):
+    """Check programs of the given seeds until done or `seconds` pass; {status: [(seed, detail)]}."""
+    t0 = time.monotonic()
+    out: dict = {}
+    for s in seeds:
+        if seconds is not None and time.monotonic() - t0 > seconds:
+            break
+        p = make_program(s)
+        o = check(p, executors)
+        out.setdefault(o.status, []).append((s, o.detail))
+        if log and o.status not in ("ok", "skip"):
+            log(f"seed {s}: {o.status}: {o.detail}\n    {p.describe()}")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--programs", type=int, default=2000)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--executors", nargs="*", default=None, help="e.g. torchcompile")
+    a = ap.parse_args(argv)
+    res = fuzz(range(a.first_seed, a.first_seed + a.programs), seconds=a.seconds, executors=a.executors,
+               log=lambda m: print(m, flush=True))
+    print({k: len(v) for k, v in res.items()})
+    return 1 if any(k in res for k in ("mismatch", "unplanned", "error")) else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    sys.exit(main())
