@@ -329,7 +329,12 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
             lines.append(f"    collective {c['name']}: op {c['before']} -> {c['after']}{wait}")
     if explain and rep:
         lines.append("terms:")
-        lines += [f"    {t}: {text}" for t, text in TERMS.items()]
+        rs = list(rep.values())
+        used = {"peak", "before -> after", "lower bound",  # the legend names only the terms the lines use
+                *(("regions",) if any(r["regions_after"] or r["regions_before"] for r in rs) else ()),
+                *(("proven optimal",) if any(r["optimal"] for r in rs) else ()),
+                *(("states",) if any(r["states"] for r in rs) else ())}
+        lines += [f"    {t}: {text}" for t, text in TERMS.items() if t in used]
         for m in sorted({r["method"] for r in rep.values()}):
             lines.append(f"    {m}: {METHODS.get(m, 'the planner rung that produced the order')}")
         if any(r.get("fusion_moves") for r in rep.values()):
