@@ -188,6 +188,11 @@ def report(jfn) -> dict:
     storages the forward saved and the incoming gradients, each freed after
     its last use), so the step sees peak_after_bytes - start_bytes on top of
     what the forward left (peak_above_start_bytes).
+
+    "before" is the trace as memfuse received it, not Thunder without memfuse:
+    measure.savings() measures that.  A function not from thunder.jit is a
+    TypeError; one that has not run, was jitted without memfuse, ran with
+    THUNDER_MEMFUSE=0 or was left unchanged is a ValueError saying which.
     """
     out = {}
     traces = _memfuse_traces(jfn, "report")
