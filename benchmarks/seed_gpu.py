@@ -4,7 +4,7 @@
 
 For memory_peak_efficient_func and memory_peak_inefficient_func, under eager PyTorch, Thunder's
 default fusion, Thunder with fusion_type="dataflow", torch.compile and memfuse
-(thunder.jit(fn, transforms=[thunder_memfuse.MemFuse(backend="cuda")])):
+(thunder.jit(fn, transforms=[thunder_memfuse.MemFuse(kernels="nvrtc")])):
   peak  = torch.cuda.max_memory_allocated() around one call, measured exactly as the issue does
           (warm-up call, gc.collect(0), empty_cache, reset_peak_memory_stats, before, call, after);
   time  = median milliseconds per call over --iters calls, from CUDA events;
@@ -63,7 +63,7 @@ def make_configs():
             MemFuse = thunder_memfuse.MemFuse
         except AttributeError as e:
             raise RuntimeError("thunder_memfuse.MemFuse is not available in this build") from e
-        return thunder.jit(fn, transforms=[MemFuse(backend="cuda")])
+        return thunder.jit(fn, transforms=[MemFuse(kernels="nvrtc")])
 
     # memfuse right after eager: if a stage limit cuts the run (torch.compile's first compile
     # on a fresh machine is the slow one), the configuration under test has been measured

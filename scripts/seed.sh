@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run the main job: the seed comparison on CPU.
+# With --plot PATH the setup also installs the [plot] extra (matplotlib).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+extra=""
+for arg in "$@"; do
+    case "$arg" in --plot|--plot=*) extra=plot ;; esac
+done
+bash scripts/setup.sh $extra
 .venv/bin/python -m thunder_memfuse.seed "$@"

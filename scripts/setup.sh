@@ -2,6 +2,7 @@
 # Create .venv (if missing) and install thunder_memfuse (editable) with what a job needs:
 #
 #   bash scripts/setup.sh          runtime only: lightning-thunder 0.2.6 and the CPU build of torch 2.13.0
+#   bash scripts/setup.sh plot     adds the [plot] extra: matplotlib (what seed.sh --plot needs)
 #   bash scripts/setup.sh test     adds the [test] extra: pytest, matplotlib, nbclient/ipykernel for the
 #                                  notebooks, Thunder's test dependencies, and the NVIDIA NVRTC/cuBLAS
 #                                  wheels whose headers and symbol tables tests/test_cublaslt.py checks
@@ -21,4 +22,5 @@ fi
 # keeps pip from choosing a newer CUDA build of torch.
 target="."
 [ "${1:-}" = test ] && target=".[test]"
+[ "${1:-}" = plot ] && target=".[plot]"
 .venv/bin/python -m pip install --quiet -e "$target" "torch==2.13.0"

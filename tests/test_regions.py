@@ -241,7 +241,7 @@ def test_rematerialization_is_kept_on_a_training_step():
 
 def test_fusion_symbols_pickle():
     t0s, a = seed_inputs(n=2, size=8)
-    jf = thunder.jit(memory_peak_inefficient_func, transforms=[MemFuse(fuse=True, kernels="fallback")])
+    jf = thunder.jit(memory_peak_inefficient_func, transforms=[MemFuse(fuse=True, kernels="fallback", _fallback_regions=True)])
     jf(list(t0s), a)
     fusions = _regions(_ours(jf))
     assert fusions

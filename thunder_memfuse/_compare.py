@@ -44,6 +44,7 @@ class TraceComparison:
     saved_simulated: int | None = None  # backward: the modelled distinct storages the forward saved
     saved_storages_measured: int | None = None  # backward: distinct storages the forward saved (runtime)
     saved_tensors_measured: int | None = None
+    plan_peak: int | None = None    # memfuse's plan of this trace (report()'s peak), above the same start
 
     @property
     def simulated_peak(self) -> int:
@@ -84,13 +85,22 @@ class Comparison:
                     f"measured {t.measured_peak / MIB:.2f} MiB (largest tensor {t.largest_tensor / MIB:.2f} MiB: "
                     f"{'within' if t.within_one_tensor else 'NOT within'} one tensor); "
                     f"{len(t.flagged)} steps differ by more than one tensor")
+            if t.plan_peak is not None:
+                if t.plan_peak == t.simulated_peak:
+                    line += f"; report() gives the same peak ({t.plan_peak / MIB:.2f} MiB above the start)"
+                else:
+                    line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: its plan models a "
+                             "region's ops one by one (views of the region's inputs allocate nothing), while "
+                             "this model reads each region of the final trace as one op whose outputs are all "
+                             "new tensors")
             if k == "backward":
                 line += f"; modelled start {t.start_simulated / MIB:.2f} MiB"
                 if t.saved_simulated is not None:
                     line += f" (saved storages {t.saved_simulated / MIB:.2f} MiB, the rest incoming gradients)"
                 if t.saved_storages_measured is not None:
-                    line += (f", the forward saved {t.saved_tensors_measured} tensors in distinct storages of "
-                             f"{t.saved_storages_measured / MIB:.2f} MiB")
+                    n = t.saved_tensors_measured
+                    line += (f", the forward saved {n} {'tensor' if n == 1 else 'tensors'} in distinct "
+                             f"{'storage' if n == 1 else 'storages'} of {t.saved_storages_measured / MIB:.2f} MiB")
             lines.append(line)
         return "\n".join(lines)
 
@@ -238,6 +248,16 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
         if kind == "backward" and "saved" in runtime:
             tc.saved_tensors_measured, tc.saved_storages_measured = runtime["saved"]
         result.traces[kind] = tc
+    try:  # memfuse's own plan of these traces, when it made them (report()'s figures)
+        from ._report import _memfuse_traces, _schedules
+
+        for kind, (_, info) in _memfuse_traces(jfn).items():
+            if kind in result.traces:
+                _, (peak, _, live_after) = _schedules(info)
+                start = live_after[0] if info.get("saved_op") and live_after else 0
+                result.traces[kind].plan_peak = info["plan"]["peak_bytes"] - start
+    except Exception:
+        pass
     if not result.traces:
         raise RuntimeError("compare: the call did not run the compiled traces (a cache miss: were the "
                            "arguments of another shape or kind than in the first call?)")

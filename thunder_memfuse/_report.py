@@ -10,8 +10,9 @@ from __future__ import annotations
 from . import _plan
 
 
-def _memfuse_traces(jfn):
-    """{"forward"/"backward": (trace, info)} for the last traces memfuse returned."""
+def _memfuse_traces(jfn, who=None):
+    """{"forward"/"backward": (trace, info)} for the last traces memfuse returned.  who (the
+    caller's name): when there are none, raise the error that says why and what to do."""
     import thunder
 
     out = {}
@@ -25,7 +26,35 @@ def _memfuse_traces(jfn):
             if info is not None:
                 out[kind] = (t, info)
                 break
+    if not out and who is not None:
+        _why_no_traces(jfn, who)
     return out
+
+
+def _why_no_traces(jfn, who):
+    """Raise the error for a function with no trace memfuse transformed: not jitted (TypeError),
+    never called, jitted without memfuse, memfuse turned off, or every trace left unchanged."""
+    import thunder
+
+    from . import _options
+    from .transform import MemFuse
+
+    cs, cd = thunder.compile_stats(jfn), thunder.compile_data(jfn)
+    if cs is None or cd is None:
+        raise TypeError(f"{who}: expected a function returned by thunder.jit(fn, transforms=[memfuse]), got "
+                        f"{type(jfn).__name__} {getattr(jfn, '__name__', '')!s}".rstrip()
+                        + "; jit it first: jfn = thunder.jit(fn, transforms=[memfuse]); jfn(*args)")
+    if not any(isinstance(t, MemFuse) for t in (getattr(cd, "transforms", None) or ())):
+        raise ValueError(f"{who}: this function was compiled without memfuse; pass it to thunder.jit: "
+                         "thunder.jit(fn, transforms=[memfuse])")
+    if cs.last_traces is None:
+        raise ValueError(f"{who}: this function has not run yet; call it once (jfn(*args)), then ask again: "
+                         "memfuse plans a trace when Thunder compiles it, at the first call")
+    if _options.disabled():
+        raise ValueError(f"{who}: memfuse is turned off in this process ({_options.ENV}="
+                         f"{__import__('os').environ.get(_options.ENV)!r}); unset it and recompile")
+    raise ValueError(f"{who}: memfuse left every trace of this function unchanged (a MemFuseWarning said why; "
+                     "MemFuse(strict=True) raises it instead)")
 
 
 def _origins(trace):
@@ -159,9 +188,14 @@ def report(jfn) -> dict:
     storages the forward saved and the incoming gradients, each freed after
     its last use), so the step sees peak_after_bytes - start_bytes on top of
     what the forward left (peak_above_start_bytes).
+
+    "before" is the trace as memfuse received it, not Thunder without memfuse:
+    measure.savings() measures that.  A function not from thunder.jit is a
+    TypeError; one that has not run, was jitted without memfuse, ran with
+    THUNDER_MEMFUSE=0 or was left unchanged is a ValueError saying which.
     """
     out = {}
-    traces = _memfuse_traces(jfn)
+    traces = _memfuse_traces(jfn, "report")
     fwd_origins = _origins(traces["forward"][0]) if "forward" in traces else {}
     for kind, (trace, info) in traces.items():
         plan = info["plan"]
@@ -196,15 +230,16 @@ def report(jfn) -> dict:
             "comm_moves": plan.get("comm_moves", 0),
             "collectives": _collectives(info),
         }
-    if not out:
-        raise ValueError("report: this function has no trace transformed by memfuse (was it called once?)")
     return out
 
 
 TERMS = {
     "peak": "the most bytes live at once above the trace's inputs, in the core's cost model (simulated)",
-    "before -> after": "Thunder's order of the trace as memfuse received it -> memfuse's order and regions",
-    "lower bound": "no valid order of this graph can have a smaller peak",
+    "before -> after": "the trace as memfuse received it (Thunder's order, after the fusion executors memfuse "
+                       "did not replace) -> memfuse's order and regions; Thunder without memfuse is measured by "
+                       "thunder_memfuse.measure.savings()",
+    "lower bound": "no valid order of the unfused ops can have a smaller peak (a bound on the unfused figures: "
+                   "regions keep their inner values out of memory, so a fused peak can be below it)",
     "regions": "fusion regions: ops that run as one kernel (values made and used inside one never reach memory)",
     "proven optimal": "no valid order of the unfused ops has a smaller peak",
     "states": "states the exact dynamic program explored (0: no search was needed)",
@@ -228,7 +263,27 @@ EXTRA_TERMS = {
 }
 
 
-def format_report(rep: dict, *, explain: bool = True) -> str:
+def _peak_line(kind, r) -> str:
+    """A trace's peaks, each figure beside the bound of its own model: the unfused figures (the order
+    memfuse received, memfuse's order) with the lower bound of unfused orders, and, when memfuse
+    formed regions, the fused peak on its own (a region's inner values never reach memory, so it
+    can be below that bound)."""
+    m = 2 ** 20
+    before, unfused, fused, lb = (r["peak_before_bytes"], r.get("unfused_peak_bytes", r["peak_after_bytes"]),
+                                  r["peak_after_bytes"], r["lower_bound_bytes"])
+    if fused == unfused:
+        line = f"{kind}: peak {before / m:.2f} -> {fused / m:.2f} MiB (lower bound {lb / m:.2f})"
+    else:
+        comp = f", {r['kernels']}" if r.get("kernels") else ""
+        line = (f"{kind}: peak unfused {before / m:.2f} -> {unfused / m:.2f} MiB (lower bound {lb / m:.2f}), "
+                f"fused {fused / m:.2f} MiB ({r['regions_after']} regions{comp})")
+    if r.get("start_bytes"):
+        line += (f" (from a start of {r['start_bytes'] / m:.2f} MiB: the storages the forward saved and the "
+                 f"incoming gradients)")
+    return line
+
+
+def format_report(rep, *, explain: bool = True, savings=None) -> str:
     """Readable text of report(jfn): one line per trace, the fusion executors
     memfuse replaced, and the largest tensors live at the peak, each named by its
     proxy, the op that made it and (where Thunder recorded it) the user's
@@ -236,18 +291,33 @@ def format_report(rep: dict, *, explain: bool = True) -> str:
     peak, lower bound, regions, proven optimal, states, and the method that
     produced each order (lower-bound, dp, input, greedy, liu, ...).
 
+    rep: report(jfn)'s dict, or the jitted function itself (report() is called), or a
+    measure.savings() result (its one-line summary).  savings: a measure.savings() result whose
+    one-line summary goes first.
+
     Example::
 
         print(thunder_memfuse.format_report(thunder_memfuse.report(jfn)))
+        print(thunder_memfuse.format_report(jfn, savings=measure.savings(fn, *args)))
     """
-    lines = []
+    from .savings import Savings
+
+    if isinstance(rep, Savings):
+        return rep.summary()
+    if not isinstance(rep, dict):
+        if callable(rep):
+            rep = report(rep)
+        else:
+            raise TypeError(f"format_report: expected report(jfn)'s dict, a jitted function or a "
+                            f"measure.savings() result, got {type(rep).__name__}")
+    if savings is not None and not isinstance(savings, Savings):
+        raise TypeError(f"format_report: savings must be a measure.savings() result, got {type(savings).__name__}")
+    lines = [savings.summary()] if savings is not None else []
     for kind, r in rep.items():
+        if not isinstance(r, dict) or "peak_after_bytes" not in r:
+            raise TypeError(f"format_report: {kind!r} is not a trace of report(jfn); pass report(jfn) itself")
         lines.append(
-            f"{kind}: peak {r['peak_before_bytes'] / 2**20:.2f} -> {r['peak_after_bytes'] / 2**20:.2f} MiB "
-            f"(lower bound {r['lower_bound_bytes'] / 2**20:.2f})"
-            + (f" (from a start of {r['start_bytes'] / 2**20:.2f} MiB: the storages the forward saved and the "
-               f"incoming gradients)"
-               if r.get("start_bytes") else "") + ", "
+            _peak_line(kind, r) + ", "
             f"regions {r['regions_before']} -> {r['regions_after']}"
             + (f" ({r['kernels']})" if r.get("kernels") and r["regions_after"] else "") + ", "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
@@ -264,7 +334,12 @@ def format_report(rep: dict, *, explain: bool = True) -> str:
             lines.append(f"    collective {c['name']}: op {c['before']} -> {c['after']}{wait}")
     if explain and rep:
         lines.append("terms:")
-        lines += [f"    {t}: {text}" for t, text in TERMS.items()]
+        rs = list(rep.values())
+        used = {"peak", "before -> after", "lower bound",  # the legend names only the terms the lines use
+                *(("regions",) if any(r["regions_after"] or r["regions_before"] for r in rs) else ()),
+                *(("proven optimal",) if any(r["optimal"] for r in rs) else ()),
+                *(("states",) if any(r["states"] for r in rs) else ())}
+        lines += [f"    {t}: {text}" for t, text in TERMS.items() if t in used]
         for m in sorted({r["method"] for r in rep.values()}):
             lines.append(f"    {m}: {METHODS.get(m, 'the planner rung that produced the order')}")
         if any(r.get("fusion_moves") for r in rep.values()):

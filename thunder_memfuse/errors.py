@@ -65,5 +65,9 @@ def user_stacklevel(skip=1):
 
 
 def warn(message: str) -> None:
-    """warnings.warn(message, MemFuseWarning) at the user's line."""
+    """warnings.warn(message, MemFuseWarning) at the user's line; also logged (WARNING) through
+    logging.getLogger("thunder_memfuse")."""
+    from ._options import LOG
+
+    LOG.warning("%s", message)
     warnings.warn(message, MemFuseWarning, stacklevel=user_stacklevel(2) + 1)

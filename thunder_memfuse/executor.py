@@ -18,6 +18,7 @@ from thunder.extend import FusionExecutor, register_executor
 
 from .regions import compiler as _compiler
 
+from ._options import LOG
 from .errors import warn as _warn
 
 
@@ -80,9 +81,11 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compil
         message, for_good, loud = why
         if for_good:
             state["failed"] = True
+        what = "runs" if for_good else "call runs"
         if loud:
-            what = "runs" if for_good else "call runs"
             _warn(f"memfuse: region {name} {what} on the fallback path: {message}")
+        else:
+            LOG.info("memfuse: region %s %s on the fallback path: %s", name, what, message)
         return out
 
     run.__name__ = name

@@ -1,11 +1,15 @@
 """Peak-memory measurements used by the seed job, benchmarks and tests.
 
-- cpu_peak_bytes(fn, *args): the peak of real CPU allocations during one call,
-  above what was live before it, from torch.profiler's allocation events
-  (each carries its size; the running sum's maximum is the peak).
+- savings(fn, *args, executors=...): the same step jitted with and without
+  memfuse, measured: peak, step time, first call, outputs compared
+  (thunder_memfuse/savings.py).
+- cpu_peak_bytes(fn, *args) -> (peak bytes, fn's result): the peak of real CPU
+  allocations during one call, above what was live before it, from
+  torch.profiler's allocation events (each carries its size; the running sum's
+  maximum is the peak).
 - cpu_memory_timeline(fn, *args): the same events as a curve, live bytes over
   the call's wall time (for thunder_memfuse.plot.plot_memory_over_time).
-- cuda_peak_bytes(fn, *args): torch.cuda.max_memory_allocated around one call
+- cuda_peak_bytes(fn, *args) -> (peak bytes, fn's result): torch.cuda.max_memory_allocated around one call
   (warm-up, gc, empty_cache, reset, call: the seed case's own measurement).
 - compare(jfn, *args): the model against the measurement, step by step of
   the final traces (thunder_memfuse/_compare.py).
@@ -44,7 +48,13 @@ def _cpu_allocation_events(fn, args, kwargs):
 
 
 def cpu_peak_bytes(fn, *args, **kwargs):
-    """(peak bytes above the live set at the call, result) for one call of fn on CPU."""
+    """Call fn(*args, **kwargs) once on CPU; returns a pair (peak, result): the peak bytes
+    allocated above what was live at the call, and fn's own result.
+
+    Example::
+
+        peak, out = cpu_peak_bytes(jfn, x)
+    """
     sizes, out = _cpu_allocation_events(fn, args, kwargs)
     cur = peak = 0
     for _, s in sizes:
@@ -92,6 +102,9 @@ def _quiet_native_stderr():
 
 
 def cuda_peak_bytes(fn, *args, warmup=True, **kwargs):
+    """Call fn(*args, **kwargs) on CUDA (after one warm-up call unless warmup=False); returns a
+    pair (peak, result): torch.cuda.max_memory_allocated during the call above its value before
+    it, and fn's result."""
     import torch
 
     if warmup:
@@ -154,3 +167,17 @@ def compare(jfn, *args, **kwargs):
     from ._compare import compare as _compare
 
     return _compare(jfn, *args, **kwargs)
+
+
+def savings(fn, *args, **kwargs):
+    """Run the same step jitted with and without memfuse, with the same executors, in this
+    process; return and print the measured peak, step time and first call of both, and whether
+    their outputs match (thunder_memfuse/savings.py).  Returns a Savings.
+
+    Example::
+
+        savings(fn, *args, executors=["torchcompile"]).summary()
+    """
+    from .savings import savings as _savings
+
+    return _savings(fn, *args, **kwargs)

@@ -51,9 +51,7 @@ def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] 
     """
     from ._report import _memfuse_traces, _schedules
 
-    traces = _memfuse_traces(jfn)
-    if not traces:
-        raise ValueError("plot_timeline: this function has no trace transformed by memfuse (was it called once?)")
+    traces = _memfuse_traces(jfn, "plot_timeline")
     plt = _pyplot()
     fig, axes = plt.subplots(len(traces), 1, figsize=figsize or (9, 3.2 * len(traces)), squeeze=False)
     for ax, (kind, (_, info)) in zip(axes[:, 0], traces.items()):
@@ -66,10 +64,13 @@ def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] 
             xs.append(k)
             k += len(grp)
         ax.step(xs + [k], [b / MIB for b in sa] + [sa[-1] / MIB if sa else 0.0], where="post",
-                label=f"memfuse, simulated (peak {pa / MIB:.2f} MiB)")
+                label=f"memfuse, simulated (peak {pa / MIB:.2f} MiB"
+                      + (f", {len(info['plan']['groups'])} steps with its regions" if k != len(xs) else "") + ")")
         lb = info["plan"].get("lower_bound_bytes")
-        if lb:
-            ax.axhline(lb / MIB, color="grey", linestyle=":", linewidth=1, label=f"lower bound ({lb / MIB:.2f} MiB)")
+        if lb:  # the bound of unfused orders (format_report gives it beside the unfused figures)
+            below = " (memfuse's regions go below it: their inner values never reach memory)" if pa < lb else ""
+            ax.axhline(lb / MIB, color="grey", linestyle=":", linewidth=1,
+                       label=f"lower bound of unfused orders ({lb / MIB:.2f} MiB){below}")
         ax.set_title(f"{kind} trace: simulated memory while each op runs ({len(sb)} ops)")
         ax.set_xlabel("op in schedule")
         ax.set_ylabel("MiB above inputs")

@@ -13,7 +13,9 @@ MemFuse(strict=True).
 """
 from __future__ import annotations
 
+import logging
 import time
+from abc import ABCMeta
 
 from thunder.core.compile_data import get_compile_data
 from thunder.core.symbol import BoundSymbol
@@ -24,11 +26,10 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _thunder, regions
+from . import _C, _options, _thunder, regions
+from ._options import LOG
 from .errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
-
-_BACKENDS = ("auto", "cuda", "cpu")
 
 # NOTE [replacing the fusion pass]: memfuse is a drop-in replacement for Thunder's
 # fusion pass, not a post-processor of it.  nvFuser (Thunder's default fusion
@@ -58,8 +59,46 @@ GENERAL_FUSION_EXECUTORS = ("nvfuser", "torchcompile")
 # MemFuseError: raised by MemFuse(strict=True) when the pass cannot run on a trace
 # (the C binding's base error, thunder_memfuse.errors).
 
+# NOTE [the class passed as a transform]: thunder.jit(fn, transforms=[MemFuse]) (the class, not
+# an instance) used to fail deep inside Thunder, whose first step is check_type(transform,
+# Transform).  MemFuse's metaclass is registered as a virtual Transform, so the class passes
+# that check, and Thunder's first call of a hook on it (transform_module at jit time for a
+# module, transform_traces_pre_prologue at the first call for a function) meets _instance_only,
+# which raises a TypeError naming the fix.  On an instance the hooks are ordinary methods.
 
-class MemFuse(Transform):
+
+class _MemFuseType(ABCMeta):
+    pass
+
+
+Transform.register(_MemFuseType)
+
+
+class _instance_only:
+    """A Thunder hook of MemFuse: a method on an instance, a clear TypeError on the class."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        if obj is not None:
+            return self.fn.__get__(obj, cls)
+        cname = getattr(cls, "__name__", "MemFuse")
+
+        def class_passed(*args, **kwargs):
+            raise TypeError(f"thunder.jit(..., transforms=[{cname}]) passes the class {cname}, not a transform: "
+                            f"use transforms=[memfuse] (thunder_memfuse.memfuse, the default instance) or "
+                            f"transforms=[{cname}(...)] with options")
+
+        class_passed.__doc__ = self.fn.__doc__
+        return class_passed
+
+
+class MemFuse(Transform, metaclass=_MemFuseType):
     """Memory-aware reordering and fusion of Thunder traces.
 
     Args:
@@ -75,17 +114,21 @@ class MemFuse(Transform):
             (where installed) or "fallback" (the region's ops one by one).  What a
             region may hold follows the compiler (with torchcompile: reductions,
             norms, softmax, matmuls, ...).
-        backend: "auto", "cuda" (nvrtc: also warn where a kernel does not cover a
-            case) or "cpu" (always the fallback, whatever kernels says).
+            A forced compiler that cannot work for a trace (kernels="nvrtc" on CPU
+            tensors, "torchcompile" without a C++ compiler) warns once and runs the
+            fallback; with strict=True it raises MemFuseError.  With kernels="nvrtc",
+            a region whose case the kernels do not cover also warns when it falls back.
+        backend: deprecated spelling of kernels: "cpu" is kernels="fallback", "cuda" is
+            kernels="nvrtc" (a DeprecationWarning; a contradicting kernels= is a ValueError).
         fuse: "auto" (default): form fusion regions where a compiler builds them
             (NOTE [fusion on CPU]); only reorder elsewhere.  True: always form regions
-            (with kernels="fallback" they run op by op).  False: only reorder.
+            (not with kernels="fallback": ValueError).  False: only reorder.
         replace_fusion: "auto" (default): where memfuse's regions are compiled, it is
             the compilation's fusion pass: nvFuser and the general torch.compile
             executor are replaced by memfuse's own fusion executor, which keeps their
             rematerialization (NOTE [replacing the fusion pass]); elsewhere they are
-            kept.  True: replace them everywhere.  False: keep them, and plan around
-            their regions.
+            kept.  True: replace them everywhere (not with fuse=False or
+            kernels="fallback": ValueError).  False: keep them, and plan around their regions.
         comm_overlap: True (default): in traces with asynchronous collectives (Thunder's
             DDP and FSDP), issue each collective as early and run each wait as late as
             the graph allows without raising the planned peak (csrc/core/mf_comm.c
@@ -101,36 +144,45 @@ class MemFuse(Transform):
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
                  fuse: bool | str = "auto", replace_fusion: bool | str = "auto", kernels: str = "auto",
-                 comm_overlap: bool = True):
+                 comm_overlap: bool = True, _fallback_regions: bool = False):
         super().__init__()
-        if kernels not in regions.KERNELS:
-            raise ValueError(f"MemFuse: kernels must be one of {regions.KERNELS}, got {kernels!r}")
-        self.kernels = kernels
-        if backend not in _BACKENDS:
-            raise ValueError(f"MemFuse: backend must be one of {_BACKENDS}, got {backend!r}")
+        # _fallback_regions (tests only): form regions with kernels="fallback" and run them op by op
+        self.kernels = _options.check_options(kernels=kernels, backend=backend, fuse=fuse,
+                                              replace_fusion=replace_fusion, comm_overlap=comm_overlap,
+                                              fallback_regions=_fallback_regions)
         self.max_states = _C._validate_max_states(max_states)  # the same check as plan()'s
         self.strict = bool(strict)
-        self.backend = backend
-        if fuse not in (True, False, "auto"):
-            raise ValueError(f"MemFuse: fuse must be True, False or 'auto', got {fuse!r}")
         self.fuse = fuse
-        if replace_fusion not in (True, False, "auto"):
-            raise ValueError(f"MemFuse: replace_fusion must be True, False or 'auto', got {replace_fusion!r}")
         self.replace_fusion = replace_fusion
-        if not isinstance(comm_overlap, bool):
-            raise ValueError(f"MemFuse: comm_overlap must be True or False, got {comm_overlap!r}")
         self.comm_overlap = comm_overlap
 
+    @property
+    def backend(self) -> str:
+        """What executor.make_region_callable gets: "cpu" (the fallback alone) for kernels="fallback",
+        else "auto" (the option of that name is folded into kernels: _options.check_options)."""
+        return "cpu" if self.kernels == "fallback" else "auto"
+
     def __repr__(self):
-        return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, backend={self.backend!r}, "
+        return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, "
                 f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r}, kernels={self.kernels!r}, "
                 f"comm_overlap={self.comm_overlap!r})")
 
     # Thunder's hooks ----------------------------------------------------------------
+    @_instance_only
+    def transform_module(self, model):
+        """Thunder's module hook: nothing to do (the class passed instead of an instance is
+        refused here, at thunder.jit(module, ...) time: NOTE [the class passed as a transform])."""
+        return super().transform_module(model)
+
+    @_instance_only
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         """Runs before Thunder claims ops for executors: take the general fusion
         executors out of this compilation (NOTE [replacing the fusion pass]).
         The traces themselves are returned unchanged."""
+        _one_memfuse(get_compile_data())
+        if _options.disabled():
+            LOG.info("memfuse is off (%s=0): traces left as Thunder made them", _options.ENV)
+            return prologue_trace, computation_trace, epilogue_trace
         try:
             if self.replace_fusion is True or (self.replace_fusion == "auto" and self._replaces(computation_trace)):
                 _replace_fusion_executors(get_compile_data())
@@ -140,7 +192,10 @@ class MemFuse(Transform):
             _warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}")
         return prologue_trace, computation_trace, epilogue_trace
 
+    @_instance_only
     def transform_trace_post_optimization(self, computation_trace, **kwargs):
+        if _options.disabled():
+            return computation_trace
         try:
             return self._transform(computation_trace)
         except Exception as e:  # never make the user's program wrong: keep the trace
@@ -156,13 +211,13 @@ class MemFuse(Transform):
         bsyms = computation_trace.bound_symbols
         if self.fuse is False:
             return False
-        return self._compiles(regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend),
-                              bsyms)
+        return self._compiles(regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), quiet=True), bsyms)
 
     def _compiler_for(self, bsyms) -> str:
-        """The region compiler for a trace (regions.resolve)."""
-        return regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), backend=self.backend,
-                               compiling_peer=_compiling_peer())
+        """The region compiler for a trace (regions.resolve; a forced compiler that cannot work
+        here warns once, or raises with strict=True)."""
+        return regions.resolve(self.kernels, cuda=_has_cuda_tensors(bsyms), compiling_peer=_compiling_peer(),
+                               strict=self.strict)
 
     @staticmethod
     def _compiles(compiler: str, bsyms) -> bool:
@@ -220,8 +275,9 @@ class MemFuse(Transform):
         new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, compiler=compiler,
                                              is_backward=is_backward,
                                              region_of_one=nvrtc.region_of_one
-                                             if compiler == "nvrtc" and self.backend != "cpu" else None)
+                                             if compiler == "nvrtc" else None)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        _log_plan(trace, is_backward, plan, compiler, n_regions, res["groups"], elapsed_ms)
         new_trace.set_provenance(
             TraceProvenance(
                 f"memfuse (peak {plan['baseline_peak_bytes']} -> {plan['peak_bytes']} bytes, "
@@ -244,6 +300,31 @@ class MemFuse(Transform):
             "kernels": compiler,
         }
         return new_trace
+
+
+def _one_memfuse(cd) -> None:
+    """Two memfuse transforms in one transforms= list would plan each trace twice (the second
+    planning Thunder's order through the first one's regions): a TypeError naming the fix."""
+    ours = [t for t in (getattr(cd, "transforms", None) or ()) if isinstance(t, MemFuse)]
+    if len(ours) > 1:
+        raise TypeError(f"thunder.jit(..., transforms=[...]) holds {len(ours)} memfuse transforms "
+                        f"({', '.join(map(repr, ours))}); pass one: transforms=[memfuse] or "
+                        f"transforms=[MemFuse(...)] with all the options in it")
+
+
+def _log_plan(trace, is_backward, plan, compiler, n_regions, groups, elapsed_ms) -> None:
+    if not LOG.isEnabledFor(logging.INFO):
+        return
+    mib = 1 << 20
+    LOG.info("planned %s trace %r: %d ops, peak %.2f -> %.2f MiB unfused (lower bound %.2f), %.2f MiB with "
+             "%d regions (%s), %s (%s), took %.1f ms", "backward" if is_backward else "forward",
+             _trace_name(trace), sum(len(g) for g in groups), plan["baseline_peak_bytes"] / mib,
+             plan["unfused_peak_bytes"] / mib, plan["lower_bound_bytes"] / mib, plan["peak_bytes"] / mib,
+             n_regions, compiler, "proven optimal" if plan["optimal"] else "not proven optimal", plan["method"],
+             elapsed_ms)
+    if LOG.isEnabledFor(logging.DEBUG):
+        for i, g in enumerate(x for x in groups if len(x) > 1):
+            LOG.debug("  region %d (%s): %s", i, compiler, " ".join(str(b.sym.name) for b in g))
 
 
 def regroup_trace(trace, groups, *, backend, is_backward, compiler="nvrtc", name_prefix="MemFuse",

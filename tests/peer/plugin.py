@@ -172,8 +172,9 @@ def _peer_jit(fn, /, *args, **kwargs):
         transforms = kwargs.get("transforms")
         transforms = [] if transforms is None else list(transforms)
         # fuse=True: form regions on CPU too, so the peer suite exercises them
-        # on the op-by-op fallback unless MEMFUSE_PEER_KERNELS says otherwise
-        transforms.append(cls(strict=STRICT, fuse=True, kernels=KERNELS))
+        # on the op-by-op fallback unless MEMFUSE_PEER_KERNELS says otherwise (_fallback_regions:
+        # the test-only switch that lets the fallback run regions; users get a ValueError there)
+        transforms.append(cls(strict=STRICT, fuse=True, kernels=KERNELS, _fallback_regions=KERNELS == "fallback"))
         kwargs["transforms"] = transforms
         _stats["jit_wrapped"] += 1
     return _ORIG_JIT(fn, *args, **kwargs)

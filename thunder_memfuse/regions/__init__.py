@@ -44,10 +44,12 @@ def compiles(name: str, cuda: bool) -> bool:
         return False
 
 
-def resolve(kernels: str, *, cuda: bool, backend: str = "auto", compiling_peer: bool = True) -> str:
-    """The compiler for one trace.  backend="cpu" always means the fallback (the option predates
-    kernels=).  An explicit choice that cannot work here, and "auto" with nothing that works, fall
-    back with ONE warning per process and reason.
+def resolve(kernels: str, *, cuda: bool, compiling_peer: bool = True, strict: bool = False,
+            quiet: bool = False) -> str:
+    """The compiler for one trace.  An explicit choice that cannot work here (kernels="nvrtc" for
+    CPU tensors, "torchcompile" without a C++ compiler, ...) falls back with ONE warning per process
+    and reason, or raises MemFuseError with strict=True; so does "auto" with nothing that works
+    (a warning only: nothing was asked for).  quiet: neither (a question, not the compilation).
 
     compiling_peer: is memfuse this compilation's fusion pass, in the place of a general fusion
     executor it replaced?  NOTE [auto on CPU]: on a CPU trace "auto" compiles regions only then:
@@ -59,8 +61,6 @@ def resolve(kernels: str, *, cuda: bool, backend: str = "auto", compiling_peer: 
     so adding memfuse would change such a user's numbers and first-call time.  There memfuse only
     reorders, which is exact and never slower; kernels="torchcompile" compiles regions on
     request."""
-    if backend == "cpu":
-        return "fallback"
     if kernels == "fallback":
         return "fallback"
     if kernels == "auto" and not cuda and not compiling_peer:
@@ -76,16 +76,26 @@ def resolve(kernels: str, *, cuda: bool, backend: str = "auto", compiling_peer: 
                 "no Triton, no nvFuser)" if cuda else
                 "torch.compile cannot build regions here (no working C++ compiler for Inductor; "
                 "set CXX or install g++)")
-        _warn_once(what, f"memfuse: {what}; fusion regions are not formed, memfuse only reorders "
-                         "(kernels='auto' fell back to 'fallback').")
+        if not quiet:
+            _warn_once(what, f"memfuse: {what}; fusion regions are not formed, memfuse only reorders "
+                             "(kernels='auto' fell back to 'fallback').")
         return "fallback"
-    if kernels == "nvrtc" and not cuda:
-        return "nvrtc"  # CPU tensors in an nvrtc trace run on the fallback, as they always have
     if not compiles(kernels, cuda):
-        why = " (no working C++ compiler for Inductor; set CXX or install g++)" if (
-            kernels == "torchcompile" and not cuda) else ""
-        _warn_once((kernels, cuda), f"memfuse: kernels={kernels!r} cannot build regions here "
-                                    f"({'CUDA' if cuda else 'CPU'} trace{why}); using the op-by-op fallback.")
+        if kernels == "nvrtc" and not cuda:
+            why = (": memfuse's own kernels are CUDA kernels and this trace holds no CUDA tensors; use "
+                   "kernels='auto' or kernels='torchcompile' for CPU tensors")
+        elif kernels == "torchcompile" and not cuda:
+            why = ": no working C++ compiler for Inductor; set CXX or install g++, or use kernels='auto'"
+        else:
+            why = f": {kernels} is not available here; use kernels='auto'"
+        message = (f"memfuse: kernels={kernels!r} cannot build regions for this {'CUDA' if cuda else 'CPU'} "
+                   f"trace{why}")
+        if strict and not quiet:
+            from ..errors import MemFuseError
+
+            raise MemFuseError(message + " (strict=True)")
+        if not quiet:
+            _warn_once((kernels, cuda), message + "; its regions run on the op-by-op fallback.")
         return "fallback"
     return kernels
 

@@ -1,0 +1,75 @@
+"""MemFuse's options, checked together; the THUNDER_MEMFUSE switch; the package's logger.
+
+- check_options(...): each option's own values, then the combinations that cannot work, each
+  rejected with a ValueError that names the fix.  `backend` (the option that predates `kernels`)
+  is folded into `kernels` here: backend="cpu" is kernels="fallback", backend="cuda" is
+  kernels="nvrtc".
+- disabled(): THUNDER_MEMFUSE=0 (or off / false / no) in the environment turns the pass off
+  everywhere: both hooks return what they were given (read at each compilation, so it can be
+  set in a running process before a function's first call).
+- LOG: logging.getLogger("thunder_memfuse").  INFO: one line per planned trace (peaks, regions,
+  the compiler, the plan's time); WARNING: every fallback (also given as a MemFuseWarning);
+  DEBUG: each region's ops.  The logger has a NullHandler, so nothing is printed unless the
+  application configures logging (logging.basicConfig(level=logging.INFO)).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+LOG = logging.getLogger("thunder_memfuse")
+LOG.addHandler(logging.NullHandler())
+
+ENV = "THUNDER_MEMFUSE"
+_OFF = ("0", "off", "false", "no")
+
+_BACKENDS = {"auto": None, "cpu": "fallback", "cuda": "nvrtc"}
+
+
+def disabled() -> bool:
+    """Is memfuse turned off by THUNDER_MEMFUSE=0 (off, false, no)?"""
+    return os.environ.get(ENV, "").strip().lower() in _OFF
+
+
+def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallback_regions=False) -> str:
+    """Validate MemFuse's options; returns `kernels` with `backend` folded into it."""
+    from . import regions
+
+    if kernels not in regions.KERNELS:
+        raise ValueError(f"MemFuse: kernels must be one of {regions.KERNELS}, got {kernels!r}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"MemFuse: backend must be one of {tuple(_BACKENDS)}, got {backend!r} "
+                         "(backend is the older spelling of kernels: use kernels=...)")
+    if fuse not in (True, False, "auto"):
+        raise ValueError(f"MemFuse: fuse must be True, False or 'auto', got {fuse!r}")
+    if replace_fusion not in (True, False, "auto"):
+        raise ValueError(f"MemFuse: replace_fusion must be True, False or 'auto', got {replace_fusion!r}")
+    if not isinstance(comm_overlap, bool):
+        raise ValueError(f"MemFuse: comm_overlap must be True or False, got {comm_overlap!r}")
+    folded = _BACKENDS[backend]
+    if folded is not None:
+        if kernels not in ("auto", folded):
+            raise ValueError(f"MemFuse(backend={backend!r}, kernels={kernels!r}): backend={backend!r} means "
+                             f"kernels={folded!r}, which contradicts kernels={kernels!r}; drop backend= "
+                             "(kernels= alone chooses the compiler)")
+        warnings.warn(f"MemFuse(backend={backend!r}) is MemFuse(kernels={folded!r}); backend= will go away",
+                      DeprecationWarning, stacklevel=3)
+        kernels = folded
+    if fallback_regions:  # tests: regions formed and run op by op (the region machinery on CPU)
+        return kernels
+    if fuse is True and kernels == "fallback":
+        raise ValueError("MemFuse(fuse=True, kernels='fallback'): the fallback runs a region's ops one by one, "
+                         "so its regions only hold their inputs longer (more memory, no speed); use "
+                         "fuse='auto' (memfuse then only reorders) or a compiler: kernels='torchcompile' "
+                         "(CPU or GPU) or kernels='nvrtc' (CUDA)")
+    if replace_fusion is True and fuse is False:
+        raise ValueError("MemFuse(replace_fusion=True, fuse=False): replace_fusion=True takes nvFuser and "
+                         "Thunder's torchcompile executor out of the compilation, and fuse=False forms no regions "
+                         "in their place, so their ops would run one by one; use replace_fusion=False (keep them, "
+                         "memfuse plans around their regions) or fuse='auto'")
+    if replace_fusion is True and kernels == "fallback":
+        raise ValueError("MemFuse(replace_fusion=True, kernels='fallback'): replace_fusion=True takes the fusion "
+                         "executors away, and the fallback compiles nothing in their place; use "
+                         "replace_fusion='auto' or a compiler (kernels='torchcompile')")
+    return kernels
