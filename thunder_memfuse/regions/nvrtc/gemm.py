@@ -152,7 +152,7 @@ def _matmul_shapes(a, b, error):
         raise error(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
     n = b2.shape[-1]
     ba, bb = tuple(a2.shape[:-2]), tuple(b2.shape[:-2])
-    if ba == bb or not bb:  # the common cases, without torch.broadcast_shapes (~15 us a call)
+    if ba == bb or not bb:  # the common cases, without torch.broadcast_shapes (a costly call here)
         batch = ba
     elif not ba:
         batch = bb
