@@ -428,6 +428,15 @@ def test_stub_errors_leak_nothing_and_restore_the_context(stubdir):
         raise AssertionError("no error")
     except RuntimeError as e:
         assert "cuDeviceGet" in str(e), e
+    # a device index no driver can have is bad input: ValueError, from every entry point (issue 19)
+    for call in (lambda: _C.cuda_device_info(-1),
+                 lambda: _C.cublaslt_matmul(-1, 0, 0, 0, 0, 0, 4, 3, 2, 16, 4, 0, 32, 2, 0, 64, 4, 0, 1,
+                                            "float32", False, 0, "relu")):
+        try:
+            call()
+            raise AssertionError("no error")
+        except ValueError as e:
+            assert "device index -1 out of range" in str(e), e
     ''')
 
 

@@ -106,14 +106,15 @@ static int g_ndirs;
 
 /* ---- small helpers --------------------------------------------------------- */
 
-void mf_cuda_set_err(char *err, size_t errlen, const char *fmt, ...)
+int mf_cuda_set_error(mf_cuda_ctx *ctx, int status, const char *fmt, ...)
 {
     va_list ap;
-    if (!err || errlen == 0)
-        return;
+    if (!ctx)
+        return status;
     va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
     va_end(ap);
+    return status;
 }
 
 /* Append "; text" to a bounded buffer (truncating quietly). */
@@ -132,12 +133,11 @@ static void append_msg(char *buf, size_t buflen, const char *text)
 
 static int file_exists(const char *path) { return access(path, F_OK) == 0; }
 
-int mf_cuda_set_search_dirs(const char *const *dirs, int n, char *err, size_t errlen)
+int mf_cuda_set_search_dirs(const char *const *dirs, int n, mf_cuda_ctx *ctx)
 {
     int i;
     if (n < 0 || (n > 0 && !dirs)) {
-        mf_cuda_set_err(err, errlen, "bad search directory list");
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "bad search directory list");
     }
     if (n > MAX_DIRS)
         n = MAX_DIRS;
@@ -152,15 +152,14 @@ int mf_cuda_set_search_dirs(const char *const *dirs, int n, char *err, size_t er
         char *copy = (char *)malloc(len + 1);
         if (!copy) {
             mf_cuda_unlock();
-            mf_cuda_set_err(err, errlen, "out of memory");
-            return MF_CUDA_ENOMEM;
+            return mf_cuda_set_error(ctx, MF_ENOMEM, "out of memory");
         }
         memcpy(copy, dirs[i], len + 1);
         g_dirs[g_ndirs++] = copy;
     }
     mf_cuda_unlock();
     mf_cuda_reset_failed();
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 void mf_cuda_get_search_dirs(char *buf, size_t buflen)
@@ -341,13 +340,12 @@ static int load_locked(int which)
     return 0;
 }
 
-int mf_cuda_load(int which, char *err, size_t errlen)
+int mf_cuda_load(int which, mf_cuda_ctx *ctx)
 {
     lib_state *st;
     int ok;
     if (which < 0 || which >= MF_CUDA_LIB_COUNT) {
-        mf_cuda_set_err(err, errlen, "bad library id %d", which);
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "bad library id %d", which);
     }
     st = &g_state[which];
     mf_cuda_lock();
@@ -358,10 +356,10 @@ int mf_cuda_load(int which, char *err, size_t errlen)
     else
         ok = load_locked(which);
     if (!ok)
-        mf_cuda_set_err(err, errlen, "%s not found: %s", g_libs[which].label,
+        mf_cuda_set_error(ctx, MF_CUDA_ENOTFOUND, "%s not found: %s", g_libs[which].label,
                 st->info.error[0] ? st->info.error : "no candidate file");
     mf_cuda_unlock();
-    return ok ? MF_CUDA_OK : MF_CUDA_ENOTFOUND;
+    return ok ? MF_OK : MF_CUDA_ENOTFOUND;
 }
 
 void mf_cuda_lib_info_get(int which, mf_cuda_lib_info *out)
@@ -389,19 +387,20 @@ static mf_CUcontext g_ctx[MAX_DEVICES];
 static mf_cublasHandle g_cublas_handle[MAX_DEVICES];
 static mf_cublasLtHandle g_cublaslt_handle[MAX_DEVICES];
 
-static void cu_err(mf_CUresult r, const char *what, char *err, size_t errlen)
+/* A failed driver call: status with "what failed: name (code): text". */
+static int cu_error(mf_cuda_ctx *ctx, int status, mf_CUresult r, const char *what)
 {
     const char *name = NULL, *text = NULL;
     if (g_driver.cuGetErrorName)
         g_driver.cuGetErrorName(r, &name);
     if (g_driver.cuGetErrorString)
         g_driver.cuGetErrorString(r, &text);
-    mf_cuda_set_err(err, errlen, "%s failed: %s (%d): %s", what, name ? name : "CUDA_ERROR", r,
+    return mf_cuda_set_error(ctx, status, "%s failed: %s (%d): %s", what, name ? name : "CUDA_ERROR", r,
             text ? text : "unknown error");
 }
 
 /* Called with the lock held and the driver loaded. */
-static int init_locked(char *err, size_t errlen)
+static int init_locked(mf_cuda_ctx *ctx)
 {
     if (!g_init_tried) {
         g_init_tried = 1;
@@ -409,34 +408,32 @@ static int init_locked(char *err, size_t errlen)
         g_init_done = g_init_result == 0;
     }
     if (!g_init_done) {
-        cu_err(g_init_result, "cuInit", err, errlen);
-        return MF_CUDA_EDRIVER;
+        return cu_error(ctx, MF_CUDA_EDRIVER, g_init_result, "cuInit");
     }
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
-int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_t errlen)
+int mf_cuda_driver_info(int *driver_version, int *device_count, mf_cuda_ctx *ctx)
 {
     int rc;
     mf_CUresult r;
     *driver_version = -1;
     *device_count = 0;
-    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, ctx);
+    if (rc != MF_OK)
         return rc;
     mf_cuda_lock();
     r = g_driver.cuDriverGetVersion(driver_version);
     if (r != 0) {
-        cu_err(r, "cuDriverGetVersion", err, errlen);
+        cu_error(ctx, MF_CUDA_EDRIVER, r, "cuDriverGetVersion");
         mf_cuda_unlock();
         return MF_CUDA_EDRIVER;
     }
-    rc = init_locked(err, errlen);
-    if (rc == MF_CUDA_OK) {
+    rc = init_locked(ctx);
+    if (rc == MF_OK) {
         r = g_driver.cuDeviceGetCount(device_count);
         if (r != 0) {
-            cu_err(r, "cuDeviceGetCount", err, errlen);
-            rc = MF_CUDA_EDRIVER;
+            rc = cu_error(ctx, MF_CUDA_EDRIVER, r, "cuDeviceGetCount");
         }
     }
     mf_cuda_unlock();
@@ -451,47 +448,42 @@ int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_
  * one GPU, or when PyTorch already made that device current, nothing changes.
  *
  * Lock held, driver loaded. */
-static int use_device_locked(int device, mf_CUdevice *dev_out, mf_CUcontext *prev, char *err, size_t errlen)
+static int use_device_locked(int device, mf_CUdevice *dev_out, mf_CUcontext *prev, mf_cuda_ctx *ctx)
 {
     mf_CUresult r;
     mf_CUdevice dev;
     mf_CUcontext cur = NULL;
-    int rc = init_locked(err, errlen);
-    if (rc != MF_CUDA_OK)
+    int rc = init_locked(ctx);
+    if (rc != MF_OK)
         return rc;
     if (device < 0 || device >= MAX_DEVICES) {
-        mf_cuda_set_err(err, errlen, "device index %d out of range", device);
-        return MF_CUDA_ENODEV;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "device index %d out of range", device);
     }
     r = g_driver.cuDeviceGet(&dev, device);
     if (r != 0) {
-        cu_err(r, "cuDeviceGet", err, errlen);
-        return MF_CUDA_ENODEV;
+        return cu_error(ctx, MF_CUDA_ENODEV, r, "cuDeviceGet");
     }
     if (!g_ctx[device]) {
         r = g_driver.cuDevicePrimaryCtxRetain(&g_ctx[device], dev);
         if (r != 0) {
             g_ctx[device] = NULL;
-            cu_err(r, "cuDevicePrimaryCtxRetain", err, errlen);
-            return MF_CUDA_EDRIVER;
+            return cu_error(ctx, MF_CUDA_EDRIVER, r, "cuDevicePrimaryCtxRetain");
         }
     }
     r = g_driver.cuCtxGetCurrent(&cur);
     if (r != 0) {
-        cu_err(r, "cuCtxGetCurrent", err, errlen);
-        return MF_CUDA_EDRIVER;
+        return cu_error(ctx, MF_CUDA_EDRIVER, r, "cuCtxGetCurrent");
     }
     if (cur != g_ctx[device]) {
         r = g_driver.cuCtxSetCurrent(g_ctx[device]);
         if (r != 0) {
-            cu_err(r, "cuCtxSetCurrent", err, errlen);
-            return MF_CUDA_EDRIVER;
+            return cu_error(ctx, MF_CUDA_EDRIVER, r, "cuCtxSetCurrent");
         }
     }
     *prev = cur;
     if (dev_out)
         *dev_out = dev;
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 /* Put back the context use_device_locked found (NOTE [current context]). */
@@ -504,17 +496,16 @@ static void restore_locked(int device, mf_CUcontext prev)
 /* The entry of every device call: load the driver (and lib, when it is not
  * the driver), take the lock and make device's primary context current.  On
  * success the lock is held: end with leave_device.  On failure it is not. */
-static int enter_device(int lib, int device, mf_CUdevice *dev_out, mf_CUcontext *prev, char *err,
-                        size_t errlen)
+static int enter_device(int lib, int device, mf_CUdevice *dev_out, mf_CUcontext *prev, mf_cuda_ctx *ctx)
 {
-    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, err, errlen);
-    if (rc == MF_CUDA_OK && lib != MF_CUDA_LIB_DRIVER)
-        rc = mf_cuda_load(lib, err, errlen);
-    if (rc != MF_CUDA_OK)
+    int rc = mf_cuda_load(MF_CUDA_LIB_DRIVER, ctx);
+    if (rc == MF_OK && lib != MF_CUDA_LIB_DRIVER)
+        rc = mf_cuda_load(lib, ctx);
+    if (rc != MF_OK)
         return rc;
     mf_cuda_lock();
-    rc = use_device_locked(device, dev_out, prev, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = use_device_locked(device, dev_out, prev, ctx);
+    if (rc != MF_OK)
         mf_cuda_unlock();
     return rc;
 }
@@ -525,14 +516,14 @@ static void leave_device(int device, mf_CUcontext prev)
     mf_cuda_unlock();
 }
 
-int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen)
+int mf_cuda_device_arch(int device, int *arch, int *sm_count, mf_cuda_ctx *ctx)
 {
     mf_CUdevice dev;
     mf_CUcontext prev = NULL;
     int major = 0, minor = 0, sms = 0;
     mf_CUresult r;
-    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, &dev, &prev, err, errlen);
-    if (rc != MF_CUDA_OK)
+    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, &dev, &prev, ctx);
+    if (rc != MF_OK)
         return rc;
     r = g_driver.cuDeviceGetAttribute(&major, MF_CU_ATTR_CC_MAJOR, dev);
     if (r == 0)
@@ -540,11 +531,10 @@ int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t 
     if (r == 0)
         r = g_driver.cuDeviceGetAttribute(&sms, MF_CU_ATTR_MULTIPROCESSOR_COUNT, dev);
     if (r != 0) {
-        cu_err(r, "cuDeviceGetAttribute", err, errlen);
-        rc = MF_CUDA_EDRIVER;
+        rc = cu_error(ctx, MF_CUDA_EDRIVER, r, "cuDeviceGetAttribute");
     }
     leave_device(device, prev);
-    if (rc == MF_CUDA_OK) {
+    if (rc == MF_OK) {
         *arch = major * 10 + minor;
         if (sm_count)
             *sm_count = sms;
@@ -553,23 +543,21 @@ int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t 
 }
 
 int mf_cuda_load_function(int device, const void *image, const char *name,
-                          mf_CUfunction *fn_out, char *err, size_t errlen)
+                          mf_CUfunction *fn_out, mf_cuda_ctx *ctx)
 {
     mf_CUmodule mod = NULL;
     mf_CUcontext prev = NULL;
     mf_CUresult r;
-    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, NULL, &prev, err, errlen);
-    if (rc != MF_CUDA_OK)
+    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, NULL, &prev, ctx);
+    if (rc != MF_OK)
         return rc;
     r = g_driver.cuModuleLoadData(&mod, image);
     if (r != 0) {
-        cu_err(r, "cuModuleLoadData", err, errlen);
-        rc = MF_CUDA_EDRIVER;
+        rc = cu_error(ctx, MF_CUDA_EDRIVER, r, "cuModuleLoadData");
     } else {
         r = g_driver.cuModuleGetFunction(fn_out, mod, name);
         if (r != 0) {
-            cu_err(r, "cuModuleGetFunction", err, errlen);
-            rc = MF_CUDA_EDRIVER;
+            rc = cu_error(ctx, MF_CUDA_EDRIVER, r, "cuModuleGetFunction");
         }
     }
     leave_device(device, prev);
@@ -577,19 +565,18 @@ int mf_cuda_load_function(int device, const void *image, const char *name,
 }
 
 int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int block,
-                   mf_CUstream stream, void *params, char *err, size_t errlen)
+                   mf_CUstream stream, void *params, mf_cuda_ctx *ctx)
 {
     void *kernel_params[1];
     mf_CUcontext prev = NULL;
     mf_CUresult r;
-    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, NULL, &prev, err, errlen);
-    if (rc != MF_CUDA_OK)
+    int rc = enter_device(MF_CUDA_LIB_DRIVER, device, NULL, &prev, ctx);
+    if (rc != MF_OK)
         return rc;
     kernel_params[0] = params;
     r = g_driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, kernel_params, NULL);
     if (r != 0) {
-        cu_err(r, "cuLaunchKernel", err, errlen);
-        rc = MF_CUDA_EDRIVER;
+        rc = cu_error(ctx, MF_CUDA_EDRIVER, r, "cuLaunchKernel");
     }
     leave_device(device, prev);
     return rc;
@@ -597,16 +584,16 @@ int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int
 
 /* ---- cuBLAS ---------------------------------------------------------------- */
 
-static void cublas_err(mf_cublasStatus s, const char *what, char *err, size_t errlen)
+static int cublas_error(mf_cuda_ctx *ctx, int status, mf_cublasStatus s, const char *what)
 {
     const char *text = g_cublas.cublasGetStatusString ? g_cublas.cublasGetStatusString(s) : NULL;
-    mf_cuda_set_err(err, errlen, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
+    return mf_cuda_set_error(ctx, status, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
 }
 
 int mf_cuda_cublas_version(void)
 {
     int major = -1, minor = 0, patch = 0;
-    if (mf_cuda_load(MF_CUDA_LIB_CUBLAS, NULL, 0) != MF_CUDA_OK || !g_cublas.cublasGetProperty)
+    if (mf_cuda_load(MF_CUDA_LIB_CUBLAS, NULL) != MF_OK || !g_cublas.cublasGetProperty)
         return -1;
     /* libraryPropertyType: MAJOR_VERSION 0, MINOR_VERSION 1, PATCH_LEVEL 2 */
     if (g_cublas.cublasGetProperty(0, &major) != 0 || g_cublas.cublasGetProperty(1, &minor) != 0 ||
@@ -615,7 +602,7 @@ int mf_cuda_cublas_version(void)
     return major * 10000 + minor * 100 + patch;
 }
 
-int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
+int mf_cuda_gemm_run(const mf_cuda_gemm *g, mf_cuda_ctx *ctx)
 {
     mf_cublasStatus s;
     int rc, compute;
@@ -642,33 +629,29 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
         beta = &g->beta;
         break;
     default:
-        mf_cuda_set_err(err, errlen, "cuBLAS GEMM: unsupported data type %d", g->dtype);
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLAS GEMM: unsupported data type %d", g->dtype);
     }
     if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 1) {
-        mf_cuda_set_err(err, errlen, "cuBLAS GEMM: bad sizes m=%d n=%d k=%d batch=%d", g->m, g->n, g->k,
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLAS GEMM: bad sizes m=%d n=%d k=%d batch=%d", g->m, g->n, g->k,
                 g->batch);
-        return MF_CUDA_EINVAL;
     }
     /* The handle is shared per device: set stream, workspace and run under
      * the lock so two threads never interleave on it. */
-    rc = enter_device(MF_CUDA_LIB_CUBLAS, g->device, NULL, &prev, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = enter_device(MF_CUDA_LIB_CUBLAS, g->device, NULL, &prev, ctx);
+    if (rc != MF_OK)
         return rc;
     if (!g_cublas_handle[g->device]) {
         s = g_cublas.cublasCreate(&g_cublas_handle[g->device]);
         if (s != 0) {
             g_cublas_handle[g->device] = NULL;
-            cublas_err(s, "cublasCreate", err, errlen);
-            rc = MF_CUDA_ECUBLAS;
+            rc = cublas_error(ctx, MF_CUDA_ECUBLAS, s, "cublasCreate");
             goto done;
         }
     }
     h = g_cublas_handle[g->device];
     s = g_cublas.cublasSetStream(h, g->stream);
     if (s != 0) {
-        cublas_err(s, "cublasSetStream", err, errlen);
-        rc = MF_CUDA_ECUBLAS;
+        rc = cublas_error(ctx, MF_CUDA_ECUBLAS, s, "cublasSetStream");
         goto done;
     }
     /* NOTE [cublas workspace]: cublasSetStream resets the workspace to
@@ -677,8 +660,7 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
     if (g->workspace && g->workspace_bytes && g_cublas.cublasSetWorkspace) {
         s = g_cublas.cublasSetWorkspace(h, g->workspace, g->workspace_bytes);
         if (s != 0) {
-            cublas_err(s, "cublasSetWorkspace", err, errlen);
-            rc = MF_CUDA_ECUBLAS;
+            rc = cublas_error(ctx, MF_CUDA_ECUBLAS, s, "cublasSetWorkspace");
             goto done;
         }
     }
@@ -692,8 +674,7 @@ int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen)
             g->B, g->dtype, g->ldb, g->stride_b, beta, g->C, g->dtype, g->ldc, g->stride_c,
             g->batch, compute, MF_CUBLAS_GEMM_DEFAULT);
     if (s != 0) {
-        cublas_err(s, g->batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx", err, errlen);
-        rc = MF_CUDA_ECUBLAS;
+        rc = cublas_error(ctx, MF_CUDA_ECUBLAS, s, g->batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx");
     }
 done:
     leave_device(g->device, prev);
@@ -702,15 +683,15 @@ done:
 
 /* ---- cuBLASLt ---------------------------------------------------------------- */
 
-static void cublaslt_err(mf_cublasStatus s, const char *what, char *err, size_t errlen)
+static int cublaslt_error(mf_cuda_ctx *ctx, int status, mf_cublasStatus s, const char *what)
 {
     const char *text = g_cublaslt.cublasLtGetStatusString ? g_cublaslt.cublasLtGetStatusString(s) : NULL;
-    mf_cuda_set_err(err, errlen, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
+    return mf_cuda_set_error(ctx, status, "%s failed: status %d (%s)", what, s, text ? text : "cuBLAS error");
 }
 
 long long mf_cuda_cublaslt_version(void)
 {
-    if (mf_cuda_load(MF_CUDA_LIB_CUBLASLT, NULL, 0) != MF_CUDA_OK || !g_cublaslt.cublasLtGetVersion)
+    if (mf_cuda_load(MF_CUDA_LIB_CUBLASLT, NULL) != MF_OK || !g_cublaslt.cublasLtGetVersion)
         return -1;
     return (long long)g_cublaslt.cublasLtGetVersion();
 }
@@ -737,51 +718,43 @@ static uint32_t ptr_alignment(const void *p)
 }
 
 /* Argument checks of mf_cuda_lt_matmul_run, before any library is opened. */
-static int check_lt_args(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
+static int check_lt_args(const mf_cuda_lt_matmul *g, mf_cuda_ctx *ctx)
 {
     int rows_a, rows_b;
     if (g->dtype != MF_CUDA_R_32F && g->dtype != MF_CUDA_R_16F && g->dtype != MF_CUDA_R_16BF) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: unsupported data type %d", g->dtype);
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: unsupported data type %d", g->dtype);
     }
     if (g->act != MF_CUDA_ACT_NONE && g->act != MF_CUDA_ACT_RELU) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: unsupported activation %d", g->act);
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: unsupported activation %d", g->act);
     }
     if ((g->transa != MF_CUBLAS_OP_N && g->transa != MF_CUBLAS_OP_T) ||
         (g->transb != MF_CUBLAS_OP_N && g->transb != MF_CUBLAS_OP_T)) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: transa/transb must be 0 (N) or 1 (T), not %d/%d",
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: transa/transb must be 0 (N) or 1 (T), not %d/%d",
                 g->transa, g->transb);
-        return MF_CUDA_EINVAL;
     }
     if (g->m < 1 || g->n < 1 || g->k < 1 || g->batch < 1) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: bad sizes m=%d n=%d k=%d batch=%d (all must be >= 1)",
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: bad sizes m=%d n=%d k=%d batch=%d (all must be >= 1)",
                 g->m, g->n, g->k, g->batch);
-        return MF_CUDA_EINVAL;
     }
     /* Column order: ld >= rows of the matrix as stored (before op). */
     rows_a = g->transa == MF_CUBLAS_OP_N ? g->m : g->k;
     rows_b = g->transb == MF_CUBLAS_OP_N ? g->k : g->n;
     if (g->lda < rows_a || g->ldb < rows_b || g->ldd < g->m) {
-        mf_cuda_set_err(err, errlen,
+        return mf_cuda_set_error(ctx, MF_EINVAL,
                 "cuBLASLt matmul: leading dimensions too small: lda=%d (>= %d), ldb=%d (>= %d), ldd=%d (>= %d)",
                 g->lda, rows_a, g->ldb, rows_b, g->ldd, g->m);
-        return MF_CUDA_EINVAL;
     }
     if (g->stride_a < 0 || g->stride_b < 0 || g->stride_d < 0 || (g->batch > 1 && g->stride_d == 0)) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: bad batch strides %lld/%lld/%lld (D needs its own matrices)",
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: bad batch strides %lld/%lld/%lld (D needs its own matrices)",
                 g->stride_a, g->stride_b, g->stride_d);
-        return MF_CUDA_EINVAL;
     }
     if (!g->A || !g->B || !g->D) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: null matrix pointer");
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: null matrix pointer");
     }
     if (!g->workspace && g->workspace_bytes) {
-        mf_cuda_set_err(err, errlen, "cuBLASLt matmul: %zu workspace bytes at a null pointer", g->workspace_bytes);
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "cuBLASLt matmul: %zu workspace bytes at a null pointer", g->workspace_bytes);
     }
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 /* Operation descriptor: compute/scale type, transposes, epilogue, bias.
@@ -895,7 +868,7 @@ static mf_cublasStatus make_lt_pref(const mf_cuda_lt_matmul *g, mf_cublasLtMatmu
  *    as in mf_cuda_gemm_run, and the thread's context is put back
  *    (NOTE [current context]).
  */
-int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
+int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, mf_cuda_ctx *ctx)
 {
     mf_cublasLtMatmulDesc desc = NULL;
     mf_cublasLtMatrixLayout la = NULL, lb = NULL, ld = NULL;
@@ -908,18 +881,17 @@ int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
     float alpha = 1.0f, beta = 0.0f;
     int rc, returned = 0;
 
-    rc = check_lt_args(g, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = check_lt_args(g, ctx);
+    if (rc != MF_OK)
         return rc;
-    rc = enter_device(MF_CUDA_LIB_CUBLASLT, g->device, NULL, &prev, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = enter_device(MF_CUDA_LIB_CUBLASLT, g->device, NULL, &prev, ctx);
+    if (rc != MF_OK)
         return rc;
     if (!g_cublaslt_handle[g->device]) {
         s = g_cublaslt.cublasLtCreate(&g_cublaslt_handle[g->device]);
         if (s != 0) {
             g_cublaslt_handle[g->device] = NULL;
-            cublaslt_err(s, "cublasLtCreate", err, errlen);
-            rc = MF_CUDA_ECUBLAS;
+            rc = cublaslt_error(ctx, MF_CUDA_ECUBLAS, s, "cublasLtCreate");
             goto done;
         }
     }
@@ -937,20 +909,18 @@ int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
     if (s == 0)
         s = make_lt_pref(g, &pref, &what);
     if (s != 0) {
-        cublaslt_err(s, what, err, errlen);
-        rc = MF_CUDA_ECUBLAS;
+        rc = cublaslt_error(ctx, MF_CUDA_ECUBLAS, s, what);
         goto release;
     }
 
     memset(&heur, 0, sizeof heur);
     s = g_cublaslt.cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &returned);
     if (s != 0 && s != MF_CUBLAS_STATUS_NOT_SUPPORTED) {
-        cublaslt_err(s, "cublasLtMatmulAlgoGetHeuristic", err, errlen);
-        rc = MF_CUDA_ECUBLAS;
+        rc = cublaslt_error(ctx, MF_CUDA_ECUBLAS, s, "cublasLtMatmulAlgoGetHeuristic");
         goto release;
     }
     if (s != 0 || returned < 1 || heur.state != 0) {
-        mf_cuda_set_err(err, errlen,
+        rc = mf_cuda_set_error(ctx, MF_CUDA_ENOALGO,
                 "cublasLtMatmulAlgoGetHeuristic found no algorithm (status %d, %d returned, state %d) for "
                 "%s m=%d n=%d k=%d batch=%d trans=%c%c lda=%d ldb=%d ldd=%d epilogue=%s%s, "
                 "%zu workspace bytes, alignments A=%u B=%u D=%u",
@@ -959,15 +929,13 @@ int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen)
                 g->act == MF_CUDA_ACT_RELU ? "relu" : "none", g->bias ? "+bias" : "",
                 g->workspace ? g->workspace_bytes : (size_t)0, (unsigned)ptr_alignment(g->A),
                 (unsigned)ptr_alignment(g->B), (unsigned)ptr_alignment(g->D));
-        rc = MF_CUDA_ENOALGO;
         goto release;
     }
     s = g_cublaslt.cublasLtMatmul(h, desc, &alpha, g->A, la, g->B, lb, &beta, g->D, ld, g->D, ld, &heur.algo,
                                   g->workspace_bytes ? g->workspace : NULL,
                                   g->workspace ? g->workspace_bytes : 0, g->stream);
     if (s != 0) {
-        cublaslt_err(s, "cublasLtMatmul", err, errlen);
-        rc = MF_CUDA_ECUBLAS;
+        rc = cublaslt_error(ctx, MF_CUDA_ECUBLAS, s, "cublasLtMatmul");
     }
 release:
     if (pref)
