@@ -58,7 +58,7 @@ def test_loader_finds_wheel_cublaslt():
         pytest.skip("the nvidia cublas wheel is not installed (test extras pin nvidia-cublas==13.1.1.3)")
     st = K.cuda_status()
     entry = st["cublaslt"]
-    # found means every required symbol of MF_CUDA_CUBLASLT_SYMBOLS resolved (mf_cuda.c resolve())
+    # found means every required symbol of MF_CUDA_CUBLASLT_SYMBOLS resolved (mf_cuda_load.c resolve())
     assert entry["found"], entry["error"]
     assert os.path.realpath(entry["path"]) == os.path.realpath(wheel)
     # the optional cublasLtGetVersion resolved too, and agrees with the soname's major version

@@ -358,7 +358,7 @@ void mf_cuda_unlock(void);
 int mf_cuda_driver_info(int *driver_version, int *device_count, mf_cuda_ctx *ctx);
 /* Each function below runs in device's primary context, the one PyTorch uses
  * (so kernels and cuBLAS see PyTorch's memory), and leaves the thread's
- * current context as it found it (mf_cuda.c NOTE [current context]). */
+ * current context as it found it (mf_cuda_driver.c NOTE [current context]). */
 /* Compute capability as major*10+minor, and the SM count. */
 int mf_cuda_device_arch(int device, int *arch, int *sm_count, mf_cuda_ctx *ctx);
 /* Load a module image (cubin or NUL-terminated PTX) into device's primary

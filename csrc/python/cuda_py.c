@@ -6,7 +6,7 @@
  * Invariants:
  *  - Nothing CUDA is opened at import: mf_py_cuda_exec only adds functions and
  *    the KernelCompileError type.  Libraries load at the first call that needs
- *    them (csrc/cuda/mf_cuda.c).
+ *    them (csrc/cuda/mf_cuda_load.c).
  *  - No static PyObject globals: KernelCompileError lives on the module and is
  *    looked up per raise (errors.c).
  *  - One error label per function; every temporary is Py_XDECREF'd there.
@@ -754,7 +754,7 @@ PyDoc_STRVAR(lt_matmul_doc,
              "                A, lda, stride_a, B, ldb, stride_b, D, ldd, stride_d, batch, dtype,\n"
              "                allow_tf32, bias, act, /)\n--\n\n"
              "Column-major D = act(op(A)@op(B) [+ bias]) as ONE cublasLtMatmul with a fused\n"
-             "epilogue (NOTE [cublasLt matmul] in csrc/cuda/mf_cuda.c).  Pointers and the stream\n"
+             "epilogue (NOTE [cublasLt matmul] in csrc/cuda/mf_cuda_blas.c).  Pointers and the stream\n"
              "are ints; bias is a pointer to m elements of dtype, or 0 for none; dtype is\n"
              "'float32', 'float16' or 'bfloat16'; act is 'none' or 'relu'.  Raises ValueError\n"
              "for bad arguments, NotImplementedError when libcublasLt (or the driver) is\n"

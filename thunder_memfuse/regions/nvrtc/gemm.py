@@ -224,7 +224,7 @@ def cuda_linear(x, w, bias=None):
 #
 # NOTE [cublasLt epilogue]
 #   cuda_matmul_act / cuda_linear_act run relu(a @ b) / relu(x @ w.T + bias) as ONE cublasLtMatmul
-#   (csrc/cuda/mf_cuda.c NOTE [cublasLt matmul]): the only memory they take is their output, from
+#   (csrc/cuda/mf_cuda_blas.c NOTE [cublasLt matmul]): the only memory they take is their output, from
 #   torch.empty, so a planned region [matmul, relu] or [linear, relu] never materializes the
 #   pre-activation.  The row-major problem is mapped to column-major as for cuBLAS (C^T = B^T A^T),
 #   so the bias (out_features long) is a per-row vector of the column-major result, which is what
