@@ -313,6 +313,8 @@ def test_ptx_and_auto_modes(nvrtc):
         _C.nvrtc_compile(src, 30, cache=False)
     with pytest.raises(ValueError):
         _C.nvrtc_compile(src, ARCH, mode="fatbin")
+    with pytest.raises(ValueError, match="bad compute capability"):  # bad input: ValueError (issue 19)
+        _C.nvrtc_compile(src, 0, cache=False)
 
 
 def test_cache_memory_and_disk(nvrtc, cache_dir):
@@ -917,3 +919,22 @@ def test_fusible_bsym_on_thunder_trace():
     for name, fl in flags.items():
         if "dropout" in name or "uniform" in name:
             assert not any(fl)
+
+
+def test_fusible_bsym_warns_on_an_unforeseen_error(monkeypatch):
+    # an exception the lowering does not expect keeps the op out of kernels, with a warning naming it
+    import thunder
+    from thunder_memfuse import MemFuseWarning
+    from thunder_memfuse.regions.nvrtc import lowering
+
+    jf = thunder.jit(lambda x: torch.nn.functional.relu(x))
+    jf(torch.randn(4))
+    relu = [b for b in thunder.last_traces(jf)[-1].bound_symbols if b.sym.name == "relu"]
+    assert relu and K.fusible_bsym(relu[0])
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(lowering, "_lower", boom)
+    with pytest.warns(MemFuseWarning, match="relu stays out of generated kernels: .*RuntimeError: boom"):
+        assert not lowering.fusible_bsym(relu[0])

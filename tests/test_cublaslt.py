@@ -58,7 +58,7 @@ def test_loader_finds_wheel_cublaslt():
         pytest.skip("the nvidia cublas wheel is not installed (test extras pin nvidia-cublas==13.1.1.3)")
     st = K.cuda_status()
     entry = st["cublaslt"]
-    # found means every required symbol of MF_CUDA_CUBLASLT_SYMBOLS resolved (mf_cuda.c resolve())
+    # found means every required symbol of MF_CUDA_CUBLASLT_SYMBOLS resolved (mf_cuda_load.c resolve())
     assert entry["found"], entry["error"]
     assert os.path.realpath(entry["path"]) == os.path.realpath(wheel)
     # the optional cublasLtGetVersion resolved too, and agrees with the soname's major version
@@ -428,6 +428,15 @@ def test_stub_errors_leak_nothing_and_restore_the_context(stubdir):
         raise AssertionError("no error")
     except RuntimeError as e:
         assert "cuDeviceGet" in str(e), e
+    # a device index no driver can have is bad input: ValueError, from every entry point (issue 19)
+    for call in (lambda: _C.cuda_device_info(-1),
+                 lambda: _C.cublaslt_matmul(-1, 0, 0, 0, 0, 0, 4, 3, 2, 16, 4, 0, 32, 2, 0, 64, 4, 0, 1,
+                                            "float32", False, 0, "relu")):
+        try:
+            call()
+            raise AssertionError("no error")
+        except ValueError as e:
+            assert "device index -1 out of range" in str(e), e
     ''')
 
 

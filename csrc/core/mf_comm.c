@@ -48,7 +48,7 @@
 
 #include <string.h>
 
-/* op and edge visits spent on scoring candidates (about 50 ms) */
+/* op and edge visits spent on scoring candidates (bounds the pass's time) */
 #define COMM_BUDGET 40000000LL
 
 typedef struct comm_ws {

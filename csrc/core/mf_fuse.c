@@ -288,7 +288,7 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
  * it, and the unfused model, in which those results exist anyway, gives no
  * reason to put it there.  (In a checkpointed transformer backward the
  * elementwise tail of the GELU gradient is planned after the next matmul and
- * keeps two 2 MiB inputs alive across it.)  mf_fuse_refine therefore moves
+ * keeps two of its inputs alive across it.)  mf_fuse_refine therefore moves
  * single ops (or short blocks, below) near a group at the peak: op v from
  * position q to position t, both within MF_REFINE_H positions of the group's ends, where the move
  * touches the group (min(q, t) <= its end, max(q, t) >= its start - 1) and
@@ -318,7 +318,7 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
 #define MF_REFINE_H 8
 #define MF_REFINE_BLOCK 3 /* longest block of consecutive ops moved as one */
 #define MF_REFINE_MAX_WIN 128
-#define MF_REFINE_BUDGET 300000 /* window positions evaluated, all moves together (~10 ms), */
+#define MF_REFINE_BUDGET 300000 /* window positions evaluated, all moves together (bounds the search's time), */
 #define MF_REFINE_PER_OP 256     /* and at most this many per op of the graph (small graphs) */
 #define MF_REFINE_SCAN 16        /* peak groups whose moves one round compares */
 #define MF_REFINE_MAX_PEAKS 64   /* more groups at the peak than this: stop */

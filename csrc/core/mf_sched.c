@@ -45,8 +45,9 @@
  * saved tensors can run anywhere, so no cut is forced: csrc/python/trace.c
  * NOTE [freeable saved tensors]), and the DP, helped by free moves and glue
  * (NOTE [piece DP]), often settles them in a few thousand states (nanoGPT's
- * 617-op backward: 89.52 -> 89.02 MiB in 1.5k states, proven optimal).  It is the same search over the
- * same piece, so what it proves holds.  Larger pieces, and pieces whose
+ * backward is proven optimal this way: benchmarks/RESULTS.md, "A real
+ * model").  It is the same search over the same piece, so what it proves
+ * holds.  Larger pieces, and pieces whose
  * scaled share runs out, get the windows of step 6, which grow past
  * MF_WIN_LEN in pieces larger than small (NOTE [windows]). */
 #define MF_DP_MAX_OPS 256
@@ -546,7 +547,8 @@ static int64_t seg_live_after(const seg_ws *w, const uint64_t *T, int32_t v, int
  * live(S + unit) - live(S) by the same storage-by-storage comparison).  In a
  * checkpointed backward block each path's recomputation would otherwise
  * double the states of every path not yet started (the 8-path blocks of
- * benchmarks/scheduler_scaling.py: 89k -> 24k states, 164k -> 34k). */
+ * benchmarks/scheduler_scaling.py; the states with and without the units
+ * are in benchmarks/RESULTS.md, "Scheduler scaling"). */
 /* The unit of v: the ops glued to v (NOTE [piece DP], glue), then v.  Its
  * most expensive step is v's: a glued op frees nothing and keeps all it
  * allocates, so live only grows until v. */
@@ -872,12 +874,12 @@ out:
  * at most `small` ops keep MF_WIN_LEN: its DP already searched the whole
  * piece and was capped, and larger windows there only repeat that search
  * (benchmarks/scheduler_scaling.py's 12-16-path blocks: no lower peak with
- * 96- or 192-op windows, twice the states).  A grown window that reaches the
- * piece's end keeps its length by starting earlier.  On the checkpointed
- * nanoGPT backward (973 ops, one piece, its scaled DP capped) the 24-op
- * windows stop at 32.5645 MiB, 48 and 96 ops find nothing, 192 ops reach
- * 32.5625 MiB (4k states); windows of up to 384 ops around its peak find
- * nothing below 32.5605 MiB even with a million states. */
+ * larger windows, more states; benchmarks/RESULTS.md, "Scheduler
+ * scaling").  A grown window that reaches the piece's end keeps its length
+ * by starting earlier.  In a large piece whose scaled DP is capped (the
+ * checkpointed nanoGPT backward), the short windows stop early and longer
+ * ones around the peak still find a little more; what each length found is
+ * in benchmarks/RESULTS.md, "A real model". */
 
 /* The state cap of the DP over a piece of k ops (NOTE [DP piece size], NOTE
  * [state budget]); 0: no DP. */
@@ -913,7 +915,8 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
      * together.  One piece DP may create at most
      * run_cap = max(max_states / 4, min(max_states, 4096)) and one window
      * win_cap = max(max_states / 32, min(max_states, 1024)), so a graph of
-     * many hard pieces stays within time (about 0.4 us per state) instead of
+     * many hard pieces stays within time (the cost of a state is a roughly
+     * fixed amount of work; plan times: benchmarks/RESULTS.md) instead of
      * spending the whole budget on its first piece.  Pieces are solved from
      * the highest peak down; the first one left unproven (capped, too large,
      * out of budget) ends the piece loop, since no later piece can then
@@ -1291,9 +1294,9 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, seg_ws *sw, const mf_graph_desc *
     /* 8: fusion-aware moves (NOTE [fusion-aware moves] in mf_fuse.c), from the
      * planned order and from the best heuristic order: the moves are a local
      * search, and the DPs' last unfused gains can put the planned order in
-     * a worse basin for regions (nanoGPT's checkpointed backward: 31.56 MiB
-     * from the planned order, 29.56 from the heuristic one).  The lower fused
-     * peak reached by moves is kept. */
+     * a worse basin for regions (nanoGPT's checkpointed backward reaches a
+     * lower fused peak from the heuristic order: benchmarks/RESULTS.md, "A
+     * real model").  The lower fused peak reached by moves is kept. */
     if (fuse && !(opt && opt->no_fusion_moves)) {
         int32_t ng2 = 0, c, n_starts;
         int32_t *ord2 = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));

@@ -396,19 +396,18 @@ typedef struct gen {
     int n_tensor_inputs;
     int nt;             /* tensor operands: tensor inputs + outputs */
     unsigned helpers;
-    char *err;
-    size_t errlen;
+    mf_cuda_ctx *ctx;   /* messages of bad regions (NOTE [cuda errors]) */
 } gen;
 
 static int fail(gen *g, const char *fmt, ...)
 {
     va_list ap;
-    if (g->err && g->errlen) {
+    if (g->ctx) {
         va_start(ap, fmt);
-        vsnprintf(g->err, g->errlen, fmt, ap);
+        vsnprintf(g->ctx->err, sizeof g->ctx->err, fmt, ap);
         va_end(ap);
     }
-    return MF_CUDA_EINVAL;
+    return MF_EINVAL;
 }
 
 static int is16(int dt) { return dt == MF_DT_F16 || dt == MF_DT_BF16; }
@@ -718,7 +717,7 @@ static int emit_instr(sb *s, gen *g, int i)
         g->helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
     }
     sb_printf(s, ";\n");
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 static int validate(gen *g)
@@ -759,7 +758,7 @@ static int validate(gen *g)
     if (mf_codegen_param_bytes(r) > MF_CODEGEN_MAX_PARAM_BYTES)
         return fail(g, "kernel parameters need %zu bytes (> %d): too many operands or dims",
                     mf_codegen_param_bytes(r), MF_CODEGEN_MAX_PARAM_BYTES);
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 size_t mf_codegen_param_bytes(const mf_codegen_region *r)
@@ -785,12 +784,11 @@ static const char *load_expr(int dt)
     }
 }
 
-int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, char *err,
-                    size_t errlen)
+int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, mf_cuda_ctx *ctx)
 {
     gen g;
     sb body = {NULL, 0, 0, 0}, out = {NULL, 0, 0, 0};
-    int i, d, rc = MF_CUDA_OK, slot;
+    int i, d, rc = MF_OK, slot;
     const int D = r->ndim;
     const int strided = !r->contiguous;
     const char *idx = r->index64 ? "unsigned long long" : "unsigned int";
@@ -800,19 +798,18 @@ int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out,
     *len_out = 0;
     memset(&g, 0, sizeof g);
     g.r = r;
-    g.err = err;
-    g.errlen = errlen;
+    g.ctx = ctx;
     g.n_values = r->n_inputs + r->n_instrs;
     g.vdtype = (int *)calloc((size_t)g.n_values + 1, sizeof(int));
     g.vscalar = (int *)calloc((size_t)g.n_values + 1, sizeof(int));
     g.tensor_slot = (int *)calloc((size_t)r->n_inputs + 1, sizeof(int));
     if (!g.vdtype || !g.vscalar || !g.tensor_slot) {
         rc = fail(&g, "out of memory");
-        rc = MF_CUDA_ENOMEM;
+        rc = MF_ENOMEM;
         goto done;
     }
     rc = validate(&g);
-    if (rc != MF_CUDA_OK)
+    if (rc != MF_OK)
         goto done;
     for (i = 0; i < r->n_inputs; i++) {
         g.vdtype[i] = r->inputs[i].dtype;
@@ -897,9 +894,9 @@ int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out,
             sb_printf(&body, ";\n");
         }
     }
-    for (i = 0; i < r->n_instrs && rc == MF_CUDA_OK; i++)
+    for (i = 0; i < r->n_instrs && rc == MF_OK; i++)
         rc = emit_instr(&body, &g, i);
-    if (rc != MF_CUDA_OK)
+    if (rc != MF_OK)
         goto done;
     /* stores */
     for (i = 0; i < r->n_outputs; i++) {
@@ -917,7 +914,7 @@ int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out,
     }
     sb_printf(&body, "  }\n}\n");
     if (body.oom) {
-        rc = MF_CUDA_ENOMEM;
+        rc = MF_ENOMEM;
         fail(&g, "out of memory");
         goto done;
     }
@@ -957,7 +954,7 @@ int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out,
     sb_printf(&out, "};\n");
     sb_printf(&out, "%s", body.buf);
     if (out.oom) {
-        rc = MF_CUDA_ENOMEM;
+        rc = MF_ENOMEM;
         fail(&g, "out of memory");
         goto done;
     }

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mf_cuda.h" /* mf_cuda_ctx, the statuses (NOTE [cuda errors]) */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -88,11 +90,10 @@ size_t mf_codegen_param_bytes(const mf_codegen_region *r);
 
 /*
  * Generate the kernel source.  On success *src_out is malloc'd (caller frees),
- * NUL-terminated, *len_out its length.  MF_CUDA_EINVAL (mf_cuda.h) with a
- * message for a malformed or unsupported region (e.g. exp producing int32).
+ * NUL-terminated, *len_out its length.  MF_EINVAL with a message in
+ * ctx->err for a malformed or unsupported region (e.g. exp producing int32).
  */
-int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, char *err,
-                    size_t errlen);
+int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, mf_cuda_ctx *ctx);
 
 #ifdef __cplusplus
 }

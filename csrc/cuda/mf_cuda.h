@@ -8,8 +8,8 @@
  *    use (never at import), so the extension builds and imports with no CUDA.
  *  - Every symbol we call is listed once in an X-macro below; the macro makes
  *    the function-pointer typedefs, the pointer tables and the dlsym loop.
- *  - C99, no Python.h.  Functions return an int status (MF_CUDA_OK == 0) and
- *    write a message into a caller buffer (err, errlen) on failure.
+ *  - C99, no Python.h.  Functions return an int status (MF_OK == 0) and
+ *    leave a message in ctx->err on failure (NOTE [cuda errors]).
  *  - Process-wide state (library handles, per-device contexts and cuBLAS
  *    handles, the kernel cache) is guarded by one mutex, see NOTE [cuda lock].
  *
@@ -22,23 +22,46 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mf_core.h" /* MF_OK, MF_EINVAL, MF_ENOMEM: one status space (NOTE [cuda errors]) */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/*
+ * NOTE [cuda errors]
+ * The core's convention (mf_core.h): every function returns an int status and
+ * leaves the message of a failure in ctx->err.  The status space is the
+ * core's: MF_OK, MF_EINVAL (bad argument), MF_ENOMEM, and the CUDA layer's
+ * own codes below, numbered apart from the core's, so the binding turns any
+ * of them into an exception in one place (csrc/python mf_py_raise_status).
+ * A NULL ctx is allowed where the message is not wanted.
+ */
 enum {
-    MF_CUDA_OK = 0,
-    MF_CUDA_ENOTFOUND = 1, /* a library could not be opened */
-    MF_CUDA_ESYMBOL = 2,   /* a required symbol is missing */
-    MF_CUDA_EDRIVER = 3,   /* a driver call failed (message has its name) */
-    MF_CUDA_ENVRTC = 4,    /* NVRTC failed outside compilation */
-    MF_CUDA_ECOMPILE = 5,  /* the program did not compile (log available) */
-    MF_CUDA_ECUBLAS = 6,   /* a cuBLAS call failed */
-    MF_CUDA_EINVAL = 7,    /* bad argument */
-    MF_CUDA_ENOMEM = 8,
-    MF_CUDA_ENODEV = 9,    /* no device / device index out of range */
-    MF_CUDA_ENOALGO = 10   /* cuBLASLt's heuristic offered no algorithm */
+    MF_CUDA_ENOTFOUND = 16, /* a library could not be opened */
+    MF_CUDA_ESYMBOL = 17,   /* a required symbol is missing */
+    MF_CUDA_EDRIVER = 18,   /* a driver call failed (message has its name) */
+    MF_CUDA_ENVRTC = 19,    /* NVRTC failed outside compilation */
+    MF_CUDA_ECOMPILE = 20,  /* the program did not compile (log available) */
+    MF_CUDA_ECUBLAS = 21,   /* a cuBLAS call failed */
+    MF_CUDA_ENODEV = 22,    /* the driver has no such device */
+    MF_CUDA_ENOALGO = 23,   /* cuBLASLt's heuristic offered no algorithm */
+    MF_CUDA_EUNSUPPORTED = 24 /* a case this layer does not cover: the caller falls back */
 };
+
+#define MF_CUDA_MSG_LEN 2048
+
+typedef struct mf_cuda_ctx {
+    char err[MF_CUDA_MSG_LEN]; /* message of the last failure */
+} mf_cuda_ctx;
+
+/* Format the message into ctx->err (truncated; ctx may be NULL); returns
+ * status, as the core's mf_set_error. */
+int mf_cuda_set_error(mf_cuda_ctx *ctx, int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 /* ---- minimal CUDA types (ABI-compatible spellings) ---------------------- */
 typedef int mf_CUresult;        /* CUresult: 0 == CUDA_SUCCESS */
@@ -295,8 +318,6 @@ enum {
 };
 
 #define MF_CUDA_PATH_LEN 1024
-#define MF_CUDA_MSG_LEN 2048
-
 /* What a load attempt found (copied out by mf_cuda_lib_info). */
 typedef struct mf_cuda_lib_info {
     int attempted;                  /* a load was tried */
@@ -308,19 +329,19 @@ typedef struct mf_cuda_lib_info {
 
 /* Candidate directories (nvidia pip wheels' lib folders, found by the Python
  * side) tried before CUDA_HOME/lib64 and the default loader path.  Copied. */
-int mf_cuda_set_search_dirs(const char *const *dirs, int n, char *err, size_t errlen);
+int mf_cuda_set_search_dirs(const char *const *dirs, int n, mf_cuda_ctx *ctx);
 /* The current list, joined by ':' into buf. */
 void mf_cuda_get_search_dirs(char *buf, size_t buflen);
 
 /* Open a library and resolve its table at first use; later calls return the
  * cached result (a failure is remembered until mf_cuda_reset_failed()). */
-int mf_cuda_load(int lib, char *err, size_t errlen);
+int mf_cuda_load(int lib, mf_cuda_ctx *ctx);
 void mf_cuda_lib_info_get(int lib, mf_cuda_lib_info *out);
 /* Forget failed attempts so a later call searches again (e.g. after the
  * search dirs changed). */
 void mf_cuda_reset_failed(void);
 
-/* The tables; valid only after mf_cuda_load(lib) returned MF_CUDA_OK. */
+/* The tables; valid only after mf_cuda_load(lib) returned MF_OK. */
 const mf_cuda_driver_api *mf_cuda_driver(void);
 const mf_cuda_nvrtc_api *mf_cuda_nvrtc(void);
 const mf_cuda_cublas_api *mf_cuda_cublas(void);
@@ -334,21 +355,21 @@ void mf_cuda_unlock(void);
 
 /* ---- driver helpers (load the driver on demand) ------------------------- */
 /* cuInit + versions; device_count is 0 when the driver loads but has no GPU. */
-int mf_cuda_driver_info(int *driver_version, int *device_count, char *err, size_t errlen);
+int mf_cuda_driver_info(int *driver_version, int *device_count, mf_cuda_ctx *ctx);
 /* Each function below runs in device's primary context, the one PyTorch uses
  * (so kernels and cuBLAS see PyTorch's memory), and leaves the thread's
- * current context as it found it (mf_cuda.c NOTE [current context]). */
+ * current context as it found it (mf_cuda_driver.c NOTE [current context]). */
 /* Compute capability as major*10+minor, and the SM count. */
-int mf_cuda_device_arch(int device, int *arch, int *sm_count, char *err, size_t errlen);
+int mf_cuda_device_arch(int device, int *arch, int *sm_count, mf_cuda_ctx *ctx);
 /* Load a module image (cubin or NUL-terminated PTX) into device's primary
  * context and return the named function.  The module is never unloaded;
  * regions/nvrtc/kernel.py loads each (device, source) once (NOTE [loaded kernels]). */
 int mf_cuda_load_function(int device, const void *image, const char *name,
-                          mf_CUfunction *fn_out, char *err, size_t errlen);
+                          mf_CUfunction *fn_out, mf_cuda_ctx *ctx);
 /* Launch fn with ONE by-value parameter of params_size bytes (the packed
  * kernel parameter struct, see mf_codegen.h) on stream. */
 int mf_cuda_launch(int device, mf_CUfunction fn, unsigned int grid, unsigned int block,
-                   mf_CUstream stream, void *params, char *err, size_t errlen);
+                   mf_CUstream stream, void *params, mf_cuda_ctx *ctx);
 
 /* ---- cuBLAS -------------------------------------------------------------- */
 typedef struct mf_cuda_gemm {
@@ -367,7 +388,7 @@ typedef struct mf_cuda_gemm {
     int allow_tf32;           /* float32 only */
 } mf_cuda_gemm;
 
-int mf_cuda_gemm_run(const mf_cuda_gemm *g, char *err, size_t errlen);
+int mf_cuda_gemm_run(const mf_cuda_gemm *g, mf_cuda_ctx *ctx);
 /* cuBLAS version as major*10000+minor*100+patch, or -1. */
 int mf_cuda_cublas_version(void);
 
@@ -397,20 +418,14 @@ typedef struct mf_cuda_lt_matmul {
     int act;                  /* MF_CUDA_ACT_* */
 } mf_cuda_lt_matmul;
 
-/* Runs one cublasLtMatmul on g->stream.  MF_CUDA_EINVAL for bad arguments
+/* Runs one cublasLtMatmul on g->stream.  MF_EINVAL for bad arguments
  * (checked before any library is opened), MF_CUDA_ENOTFOUND when libcublasLt
  * (or a required symbol of it) is missing, MF_CUDA_ENOALGO when the heuristic has no algorithm
  * for the problem within the workspace, MF_CUDA_ECUBLAS for a failed call. */
-int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, char *err, size_t errlen);
+int mf_cuda_lt_matmul_run(const mf_cuda_lt_matmul *g, mf_cuda_ctx *ctx);
 /* cublasLtGetVersion() (major*10000+minor*100+patch), or -1. */
 long long mf_cuda_cublaslt_version(void);
 
-/* printf-style message into a caller's error buffer (err may be NULL). */
-void mf_cuda_set_err(char *err, size_t errlen, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 #ifdef __cplusplus
 }

@@ -66,73 +66,67 @@ void mf_nvrtc_result_free(mf_nvrtc_result *r)
     r->size = 0;
 }
 
-static void nvrtc_err(mf_nvrtcResult res, const char *what, char *err, size_t errlen)
+static int nvrtc_error(mf_cuda_ctx *ctx, int status, mf_nvrtcResult res, const char *what)
 {
     const char *text = mf_cuda_nvrtc()->nvrtcGetErrorString
                            ? mf_cuda_nvrtc()->nvrtcGetErrorString(res)
                            : NULL;
-    mf_cuda_set_err(err, errlen, "%s failed: %s (%d)", what, text ? text : "NVRTC error", res);
+    return mf_cuda_set_error(ctx, status, "%s failed: %s (%d)", what, text ? text : "NVRTC error", res);
 }
 
-int mf_nvrtc_version(int *major, int *minor, char *err, size_t errlen)
+int mf_nvrtc_version(int *major, int *minor, mf_cuda_ctx *ctx)
 {
     mf_nvrtcResult r;
-    int rc = mf_cuda_load(MF_CUDA_LIB_NVRTC, err, errlen);
-    if (rc != MF_CUDA_OK)
+    int rc = mf_cuda_load(MF_CUDA_LIB_NVRTC, ctx);
+    if (rc != MF_OK)
         return rc;
     r = mf_cuda_nvrtc()->nvrtcVersion(major, minor);
     if (r != 0) {
-        nvrtc_err(r, "nvrtcVersion", err, errlen);
-        return MF_CUDA_ENVRTC;
+        return nvrtc_error(ctx, MF_CUDA_ENVRTC, r, "nvrtcVersion");
     }
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
-int mf_nvrtc_supported_archs(int *archs, int max, int *n, char *err, size_t errlen)
+int mf_nvrtc_supported_archs(int *archs, int max, int *n, mf_cuda_ctx *ctx)
 {
     const mf_cuda_nvrtc_api *api;
     int count = 0, all[MAX_ARCHS], i;
     mf_nvrtcResult r;
-    int rc = mf_cuda_load(MF_CUDA_LIB_NVRTC, err, errlen);
+    int rc = mf_cuda_load(MF_CUDA_LIB_NVRTC, ctx);
     *n = 0;
-    if (rc != MF_CUDA_OK)
+    if (rc != MF_OK)
         return rc;
     api = mf_cuda_nvrtc();
     if (!api->nvrtcGetNumSupportedArchs || !api->nvrtcGetSupportedArchs)
-        return MF_CUDA_OK;
+        return MF_OK;
     r = api->nvrtcGetNumSupportedArchs(&count);
     if (r != 0) {
-        nvrtc_err(r, "nvrtcGetNumSupportedArchs", err, errlen);
-        return MF_CUDA_ENVRTC;
+        return nvrtc_error(ctx, MF_CUDA_ENVRTC, r, "nvrtcGetNumSupportedArchs");
     }
     if (count > MAX_ARCHS)
         count = MAX_ARCHS;
     r = api->nvrtcGetSupportedArchs(all);
     if (r != 0) {
-        nvrtc_err(r, "nvrtcGetSupportedArchs", err, errlen);
-        return MF_CUDA_ENVRTC;
+        return nvrtc_error(ctx, MF_CUDA_ENVRTC, r, "nvrtcGetSupportedArchs");
     }
     for (i = 0; i < count && i < max; i++)
         archs[i] = all[i];
     *n = i;
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 /* ---- key and target -------------------------------------------------------- */
 
 /* Pick the target per the mode; fills target ("sm_90"/"compute_90") and *cubin. */
-static int choose_target(int arch, int mode, char *target, size_t tlen, int *cubin, char *err,
-                         size_t errlen)
+static int choose_target(int arch, int mode, char *target, size_t tlen, int *cubin, mf_cuda_ctx *ctx)
 {
     int archs[MAX_ARCHS], n = 0, i, best = -1, exact = 0;
-    int rc = mf_nvrtc_supported_archs(archs, MAX_ARCHS, &n, err, errlen);
+    int rc = mf_nvrtc_supported_archs(archs, MAX_ARCHS, &n, ctx);
     const mf_cuda_nvrtc_api *api = mf_cuda_nvrtc();
-    if (rc != MF_CUDA_OK)
+    if (rc != MF_OK)
         return rc;
-    if (arch <= 0) {
-        mf_cuda_set_err(err, errlen, "bad compute capability %d", arch);
-        return MF_CUDA_EINVAL;
-    }
+    if (arch <= 0)
+        return mf_cuda_set_error(ctx, MF_EINVAL, "bad compute capability %d", arch);
     for (i = 0; i < n; i++) {
         if (archs[i] == arch)
             exact = 1;
@@ -142,26 +136,24 @@ static int choose_target(int arch, int mode, char *target, size_t tlen, int *cub
     if (mode == MF_NVRTC_CUBIN || (mode == MF_NVRTC_AUTO && exact)) {
         if (!api->nvrtcGetCUBIN || !api->nvrtcGetCUBINSize) {
             if (mode == MF_NVRTC_CUBIN) {
-                mf_cuda_set_err(err, errlen, "this NVRTC cannot produce cubin (no nvrtcGetCUBIN)");
-                return MF_CUDA_ENVRTC;
+                return mf_cuda_set_error(ctx, MF_CUDA_ENVRTC, "this NVRTC cannot produce cubin (no nvrtcGetCUBIN)");
             }
         } else {
             snprintf(target, tlen, "sm_%d", arch);
             *cubin = 1;
-            return MF_CUDA_OK;
+            return MF_OK;
         }
     }
     if (mode == MF_NVRTC_AUTO && n > 0) {
         if (best < 0) {
-            mf_cuda_set_err(err, errlen, "device sm_%d is older than every architecture this NVRTC supports "
+            return mf_cuda_set_error(ctx, MF_CUDA_ENVRTC, "device sm_%d is older than every architecture this NVRTC supports "
                                  "(oldest sm_%d)", arch, archs[0]);
-            return MF_CUDA_ENVRTC;
         }
         arch = best;
     }
     snprintf(target, tlen, "compute_%d", arch);
     *cubin = 0;
-    return MF_CUDA_OK;
+    return MF_OK;
 }
 
 static char *make_key(const char *src, const char *name, const char *target, int major,
@@ -359,7 +351,7 @@ static int disk_write(const char *dir, const char *path, const char *key, size_t
 
 /* Run NVRTC.  On success the image (and its size) is malloc'd; *log always set (may be ""). */
 static int run_nvrtc(const char *src, const char *name, const char *target, int cubin,
-                     char **image, size_t *size, char **log, char *err, size_t errlen)
+                     char **image, size_t *size, char **log, mf_cuda_ctx *ctx)
 {
     const mf_cuda_nvrtc_api *api = mf_cuda_nvrtc();
     mf_nvrtcProgram prog = NULL;
@@ -368,7 +360,7 @@ static int run_nvrtc(const char *src, const char *name, const char *target, int 
     const char *opts[2];
     size_t log_size = 0, n = 0;
     char *buf = NULL;
-    int rc = MF_CUDA_OK;
+    int rc = MF_OK;
 
     *image = NULL;
     *log = NULL;
@@ -377,8 +369,7 @@ static int run_nvrtc(const char *src, const char *name, const char *target, int 
     opts[1] = NVRTC_OPTIONS;
     r = api->nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL);
     if (r != 0) {
-        nvrtc_err(r, "nvrtcCreateProgram", err, errlen);
-        return MF_CUDA_ENVRTC;
+        return nvrtc_error(ctx, MF_CUDA_ENVRTC, r, "nvrtcCreateProgram");
     }
     cr = api->nvrtcCompileProgram(prog, 2, opts);
     if (api->nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 0) {
@@ -395,29 +386,26 @@ static int run_nvrtc(const char *src, const char *name, const char *target, int 
             (*log)[0] = '\0';
     }
     if (cr != 0) {
-        nvrtc_err(cr, "nvrtcCompileProgram", err, errlen);
         rc = cr == 6 /* NVRTC_ERROR_COMPILATION */ ? MF_CUDA_ECOMPILE : MF_CUDA_ENVRTC;
+        nvrtc_error(ctx, rc, cr, "nvrtcCompileProgram");
         if (rc == MF_CUDA_ENVRTC && *log && strstr(*log, "error"))
             rc = MF_CUDA_ECOMPILE;
         goto out;
     }
     r = cubin ? api->nvrtcGetCUBINSize(prog, &n) : api->nvrtcGetPTXSize(prog, &n);
     if (r != 0 || n == 0) {
-        nvrtc_err(r, cubin ? "nvrtcGetCUBINSize" : "nvrtcGetPTXSize", err, errlen);
-        rc = MF_CUDA_ENVRTC;
+        rc = nvrtc_error(ctx, MF_CUDA_ENVRTC, r, cubin ? "nvrtcGetCUBINSize" : "nvrtcGetPTXSize");
         goto out;
     }
     buf = (char *)malloc(n + 1);
     if (!buf) {
-        mf_cuda_set_err(err, errlen, "out of memory");
-        rc = MF_CUDA_ENOMEM;
+        rc = mf_cuda_set_error(ctx, MF_ENOMEM, "out of memory");
         goto out;
     }
     r = cubin ? api->nvrtcGetCUBIN(prog, buf) : api->nvrtcGetPTX(prog, buf);
     if (r != 0) {
-        nvrtc_err(r, cubin ? "nvrtcGetCUBIN" : "nvrtcGetPTX", err, errlen);
+        rc = nvrtc_error(ctx, MF_CUDA_ENVRTC, r, cubin ? "nvrtcGetCUBIN" : "nvrtcGetPTX");
         free(buf);
-        rc = MF_CUDA_ENVRTC;
         goto out;
     }
     buf[n] = '\0';
@@ -429,8 +417,7 @@ out:
 }
 
 int mf_nvrtc_compile(const char *src, const char *name, int arch, int mode, const char *cache_dir,
-                     int use_cache, mf_nvrtc_result *out, char **log_out, char *err,
-                     size_t errlen)
+                     int use_cache, mf_nvrtc_result *out, char **log_out, mf_cuda_ctx *ctx)
 {
     char target[32], dir[1024], path[1200];
     int cubin = 0, major = 0, minor = 0, rc;
@@ -443,19 +430,17 @@ int mf_nvrtc_compile(const char *src, const char *name, int arch, int mode, cons
     if (log_out)
         *log_out = NULL;
     if (!src || !name) {
-        mf_cuda_set_err(err, errlen, "no source or kernel name");
-        return MF_CUDA_EINVAL;
+        return mf_cuda_set_error(ctx, MF_EINVAL, "no source or kernel name");
     }
-    rc = mf_nvrtc_version(&major, &minor, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = mf_nvrtc_version(&major, &minor, ctx);
+    if (rc != MF_OK)
         return rc;
-    rc = choose_target(arch, mode, target, sizeof target, &cubin, err, errlen);
-    if (rc != MF_CUDA_OK)
+    rc = choose_target(arch, mode, target, sizeof target, &cubin, ctx);
+    if (rc != MF_OK)
         return rc;
     key = make_key(src, name, target, major, minor, &key_len);
     if (!key) {
-        mf_cuda_set_err(err, errlen, "out of memory");
-        return MF_CUDA_ENOMEM;
+        return mf_cuda_set_error(ctx, MF_ENOMEM, "out of memory");
     }
     hash = mf_nvrtc_hash(key, key_len, MF_NVRTC_HASH_SEED);
     out->key_hash = hash;
@@ -494,14 +479,14 @@ int mf_nvrtc_compile(const char *src, const char *name, int arch, int mode, cons
         }
     }
 
-    rc = run_nvrtc(src, name, target, cubin, &image, &size, &log, err, errlen);
+    rc = run_nvrtc(src, name, target, cubin, &image, &size, &log, ctx);
     mf_cuda_lock();
-    if (rc == MF_CUDA_OK)
+    if (rc == MF_OK)
         g_stats.compiles++;
     else
         g_stats.compile_failures++;
     mf_cuda_unlock();
-    if (rc != MF_CUDA_OK) {
+    if (rc != MF_OK) {
         if (log_out)
             *log_out = log;
         else
@@ -527,5 +512,5 @@ done:
     free(key);
     out->image = image;
     out->size = size;
-    return MF_CUDA_OK;
+    return MF_OK;
 }

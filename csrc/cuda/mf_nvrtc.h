@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mf_cuda.h" /* mf_cuda_ctx, the statuses (NOTE [cuda errors]) */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -47,9 +49,9 @@ typedef struct mf_nvrtc_cache_stats {
 void mf_nvrtc_result_free(mf_nvrtc_result *r);
 
 /* NVRTC version (loads NVRTC on demand). */
-int mf_nvrtc_version(int *major, int *minor, char *err, size_t errlen);
+int mf_nvrtc_version(int *major, int *minor, mf_cuda_ctx *ctx);
 /* Supported SM numbers (e.g. 75, 80, ..., 120); *n = 0 when NVRTC cannot say. */
-int mf_nvrtc_supported_archs(int *archs, int max, int *n, char *err, size_t errlen);
+int mf_nvrtc_supported_archs(int *archs, int max, int *n, mf_cuda_ctx *ctx);
 
 /*
  * Compile src (its __global__ function `name`) for a device of compute
@@ -62,8 +64,7 @@ int mf_nvrtc_supported_archs(int *archs, int max, int *n, char *err, size_t errl
  * On MF_CUDA_ECOMPILE, log_out (if not NULL) receives the malloc'd NVRTC log.
  */
 int mf_nvrtc_compile(const char *src, const char *name, int arch, int mode, const char *cache_dir,
-                     int use_cache, mf_nvrtc_result *out, char **log_out, char *err,
-                     size_t errlen);
+                     int use_cache, mf_nvrtc_result *out, char **log_out, mf_cuda_ctx *ctx);
 
 void mf_nvrtc_cache_stats_get(mf_nvrtc_cache_stats *out);
 /* Drop the memory cache (the disk cache stays). */

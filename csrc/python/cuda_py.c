@@ -6,10 +6,12 @@
  * Invariants:
  *  - Nothing CUDA is opened at import: mf_py_cuda_exec only adds functions and
  *    the KernelCompileError type.  Libraries load at the first call that needs
- *    them (csrc/cuda/mf_cuda.c).
+ *    them (csrc/cuda/mf_cuda_load.c).
  *  - No static PyObject globals: KernelCompileError lives on the module and is
- *    looked up per raise (module functions get the module as `self`).
+ *    looked up per raise (errors.c).
  *  - One error label per function; every temporary is Py_XDECREF'd there.
+ *  - Every status of csrc/cuda becomes an exception in mf_py_raise_status
+ *    (errors.c NOTE [one error path]), as the core's do.
  *  - Device pointers, streams and CUfunction handles cross this boundary as
  *    Python ints (this is a private module; thunder_memfuse/regions/nvrtc/ is the
  *    only caller).  The GIL is released around NVRTC compilation.
@@ -22,42 +24,32 @@
 #include "mf_cuda.h"
 #include "mf_nvrtc.h"
 
-#define ERRLEN 2048
-
 /* ---- helpers ------------------------------------------------------------ */
 
-static PyObject *runtime_error(const char *msg)
+/* A failed compile: the KernelCompileError of mf_py_raise_status, with the
+ * log in its message and .log and .source set. */
+static void raise_compile_error(const char *msg, const char *log, const char *source)
 {
-    PyErr_SetString(PyExc_RuntimeError, msg);
-    return NULL;
-}
-
-/* Raise module.KernelCompileError(message) with .log and .source set. */
-static void raise_compile_error(PyObject *module, const char *msg, const char *log,
-                                const char *source)
-{
-    PyObject *type = NULL, *exc = NULL, *log_obj = NULL, *src_obj = NULL, *text = NULL;
-    text = PyUnicode_FromFormat("%s\n--- NVRTC log ---\n%s", msg, log ? log : "");
-    if (!text)
+    PyObject *type = NULL, *exc = NULL, *tb = NULL, *log_obj = NULL, *src_obj = NULL;
+    PyObject *text = PyUnicode_FromFormat("%s\n--- NVRTC log ---\n%s", msg, log ? log : "");
+    const char *s = text ? PyUnicode_AsUTF8(text) : NULL;
+    if (!s)
         goto error;
-    type = PyObject_GetAttrString(module, "KernelCompileError");
-    if (!type)
-        goto error;
-    exc = PyObject_CallOneArg(type, text);
-    if (!exc)
-        goto error;
+    (void)mf_py_raise_status(MF_CUDA_ECOMPILE, s);
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
     log_obj = PyUnicode_DecodeUTF8(log ? log : "", (Py_ssize_t)strlen(log ? log : ""), "replace");
     src_obj = PyUnicode_DecodeUTF8(source ? source : "", (Py_ssize_t)strlen(source ? source : ""),
                                    "replace");
-    if (!log_obj || !src_obj)
-        goto error;
-    if (PyObject_SetAttrString(exc, "log", log_obj) < 0 ||
-        PyObject_SetAttrString(exc, "source", src_obj) < 0)
-        goto error;
-    PyErr_SetObject(type, exc);
+    if (log_obj && src_obj && exc && PyObject_SetAttrString(exc, "log", log_obj) == 0 &&
+        PyObject_SetAttrString(exc, "source", src_obj) == 0) {
+        PyErr_Restore(type, exc, tb); /* steals all three */
+        type = exc = tb = NULL;
+    }
 error:
     Py_XDECREF(type);
     Py_XDECREF(exc);
+    Py_XDECREF(tb);
     Py_XDECREF(log_obj);
     Py_XDECREF(src_obj);
     Py_XDECREF(text);
@@ -122,7 +114,8 @@ static PyObject *py_set_dirs(PyObject *self, PyObject *arg)
     PyObject *seq = NULL, *result = NULL;
     const char **dirs = NULL;
     Py_ssize_t n, i;
-    char err[ERRLEN];
+    int rc;
+    mf_cuda_ctx ctx = {""};
     (void)self;
     seq = mf_py_tuple(arg, "cuda_set_search_dirs: dirs");
     if (!seq)
@@ -137,8 +130,9 @@ static PyObject *py_set_dirs(PyObject *self, PyObject *arg)
         if (!dirs[i])
             goto error;
     }
-    if (mf_cuda_set_search_dirs(dirs, (int)n, err, sizeof err) != MF_CUDA_OK) {
-        runtime_error(err);
+    rc = mf_cuda_set_search_dirs(dirs, (int)n, &ctx);
+    if (rc != MF_OK) {
+        mf_py_raise_status(rc, ctx.err);
         goto error;
     }
     result = Py_NewRef(Py_None);
@@ -153,10 +147,10 @@ error:
 static PyObject *lib_dict(int which, const char *label)
 {
     mf_cuda_lib_info info;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     PyObject *d = NULL, *result = NULL;
-    err[0] = '\0';
-    (void)mf_cuda_load(which, err, sizeof err);
+    ctx.err[0] = '\0';
+    (void)mf_cuda_load(which, &ctx);
     mf_cuda_lib_info_get(which, &info);
     d = PyDict_New();
     if (!d)
@@ -164,7 +158,7 @@ static PyObject *lib_dict(int which, const char *label)
     if (set_item_str(d, "library", label) < 0 || set_item_bool(d, "found", info.loaded) < 0 ||
         set_item_str(d, "path", info.loaded ? info.path : NULL) < 0 ||
         set_item_str(d, "how", info.loaded ? info.how : NULL) < 0 ||
-        set_item_str(d, "error", info.loaded ? NULL : (info.error[0] ? info.error : err)) < 0)
+        set_item_str(d, "error", info.loaded ? NULL : (info.error[0] ? info.error : ctx.err)) < 0)
         goto error;
     result = Py_NewRef(d);
 error:
@@ -196,7 +190,8 @@ static PyObject *py_status(PyObject *self, PyObject *noargs)
 {
     PyObject *d = NULL, *drv = NULL, *nv = NULL, *cb = NULL, *lt = NULL, *archs = NULL, *cache = NULL;
     PyObject *result = NULL;
-    char err[ERRLEN], buf[4096];
+    char buf[4096];
+    mf_cuda_ctx ctx = {""};
     int version = -1, count = 0, rc, major = 0, minor = 0, n = 0, i, list[64];
     int driver_ok, nvrtc_ok;
     (void)self;
@@ -212,22 +207,22 @@ static PyObject *py_status(PyObject *self, PyObject *noargs)
         goto error;
 
     /* driver: version and devices */
-    err[0] = '\0';
-    rc = mf_cuda_driver_info(&version, &count, err, sizeof err);
-    driver_ok = rc == MF_CUDA_OK;
+    ctx.err[0] = '\0';
+    rc = mf_cuda_driver_info(&version, &count, &ctx);
+    driver_ok = rc == MF_OK;
     if (set_item_ll(drv, "version", version) < 0 || set_item_ll(drv, "device_count", count) < 0 ||
-        set_item_str(drv, "init_error", driver_ok ? NULL : err) < 0)
+        set_item_str(drv, "init_error", driver_ok ? NULL : ctx.err) < 0)
         goto error;
 
     /* NVRTC: version and architectures */
-    err[0] = '\0';
-    rc = mf_nvrtc_version(&major, &minor, err, sizeof err);
-    nvrtc_ok = rc == MF_CUDA_OK;
+    ctx.err[0] = '\0';
+    rc = mf_nvrtc_version(&major, &minor, &ctx);
+    nvrtc_ok = rc == MF_OK;
     if (nvrtc_ok) {
         snprintf(buf, sizeof buf, "%d.%d", major, minor);
         if (set_item_str(nv, "version", buf) < 0)
             goto error;
-        if (mf_nvrtc_supported_archs(list, 64, &n, err, sizeof err) != MF_CUDA_OK)
+        if (mf_nvrtc_supported_archs(list, 64, &n, &ctx) != MF_OK)
             n = 0;
     } else if (set_item_str(nv, "version", NULL) < 0) {
         goto error;
@@ -461,19 +456,15 @@ static PyObject *py_codegen(PyObject *self, PyObject *arg)
     parsed_region p;
     char *src = NULL;
     size_t len = 0;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     PyObject *result = NULL;
     int rc;
     (void)self;
     if (parse_region(arg, &p) < 0)
         goto error;
-    rc = mf_codegen_emit(&p.r, &src, &len, err, sizeof err);
-    if (rc == MF_CUDA_ENOMEM) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    if (rc != MF_CUDA_OK) {
-        PyErr_SetString(PyExc_ValueError, err);
+    rc = mf_codegen_emit(&p.r, &src, &len, &ctx);
+    if (rc != MF_OK) {
+        mf_py_raise_status(rc, ctx.err);
         goto error;
     }
     result = PyUnicode_FromStringAndSize(src, (Py_ssize_t)len);
@@ -543,10 +534,11 @@ static PyObject *py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
     const char *src = NULL, *mode_s = "auto", *cache_dir = NULL, *name = MF_CODEGEN_KERNEL_NAME;
     int arch = 0, use_cache = 1, mode, rc;
     mf_nvrtc_result res;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     char *log = NULL;
     PyObject *d = NULL, *img = NULL, *result = NULL;
 
+    (void)self;
     memset(&res, 0, sizeof res);
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "si|spzs", kwlist, &src, &arch, &mode_s,
                                      &use_cache, &cache_dir, &name))
@@ -561,20 +553,16 @@ static PyObject *py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
         PyErr_Format(PyExc_ValueError, "mode must be 'auto', 'cubin' or 'ptx', not '%s'", mode_s);
         goto error;
     }
-    err[0] = '\0';
+    ctx.err[0] = '\0';
     Py_BEGIN_ALLOW_THREADS
-    rc = mf_nvrtc_compile(src, name, arch, mode, cache_dir, use_cache, &res, &log, err, sizeof err);
+    rc = mf_nvrtc_compile(src, name, arch, mode, cache_dir, use_cache, &res, &log, &ctx);
     Py_END_ALLOW_THREADS
     if (rc == MF_CUDA_ECOMPILE) {
-        raise_compile_error(self, err, log, src);
+        raise_compile_error(ctx.err, log, src);
         goto error;
     }
-    if (rc == MF_CUDA_ENOMEM) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    if (rc != MF_CUDA_OK) {
-        runtime_error(err);
+    if (rc != MF_OK) {
+        mf_py_raise_status(rc, ctx.err);
         goto error;
     }
     /* PTX goes to cuModuleLoadData NUL-terminated: keep the NUL in the bytes. */
@@ -630,14 +618,15 @@ PyDoc_STRVAR(device_info_doc,
 
 static PyObject *py_device_info(PyObject *self, PyObject *arg)
 {
-    int device, arch = 0, sms = 0;
-    char err[ERRLEN];
+    int device, arch = 0, sms = 0, rc;
+    mf_cuda_ctx ctx = {""};
     (void)self;
     device = (int)PyLong_AsLong(arg);
     if (device == -1 && PyErr_Occurred())
         return NULL;
-    if (mf_cuda_device_arch(device, &arch, &sms, err, sizeof err) != MF_CUDA_OK)
-        return runtime_error(err);
+    rc = mf_cuda_device_arch(device, &arch, &sms, &ctx);
+    if (rc != MF_OK)
+        return mf_py_raise_status(rc, ctx.err);
     return Py_BuildValue("(ii)", arch, sms);
 }
 
@@ -651,14 +640,14 @@ static PyObject *py_load_function(PyObject *self, PyObject *args)
     const char *name;
     int device, rc;
     mf_CUfunction fn = NULL;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     PyObject *result = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*si", &img, &name, &device))
         goto error;
-    rc = mf_cuda_load_function(device, img.buf, name, &fn, err, sizeof err);
-    if (rc != MF_CUDA_OK) {
-        runtime_error(err);
+    rc = mf_cuda_load_function(device, img.buf, name, &fn, &ctx);
+    if (rc != MF_OK) {
+        mf_py_raise_status(rc, ctx.err);
         goto error;
     }
     result = PyLong_FromVoidPtr(fn);
@@ -676,10 +665,10 @@ static PyObject *py_launch(PyObject *self, PyObject *args)
 {
     PyObject *fn_obj, *stream_obj, *result = NULL;
     Py_buffer params = {0};
-    int device;
+    int device, rc;
     unsigned int grid, block;
     void *fn, *stream;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     (void)self;
     if (!PyArg_ParseTuple(args, "OiIIOy*", &fn_obj, &device, &grid, &block, &stream_obj, &params))
         goto error;
@@ -689,8 +678,9 @@ static PyObject *py_launch(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "cuda_launch: null function or empty grid/block");
         goto error;
     }
-    if (mf_cuda_launch(device, fn, grid, block, stream, params.buf, err, sizeof err) != MF_CUDA_OK) {
-        runtime_error(err);
+    rc = mf_cuda_launch(device, fn, grid, block, stream, params.buf, &ctx);
+    if (rc != MF_OK) {
+        mf_py_raise_status(rc, ctx.err);
         goto error;
     }
     result = Py_NewRef(Py_None);
@@ -736,7 +726,7 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
     void *pa, *pb;
     unsigned long long ws_bytes;
     const char *dtype;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     int rc;
     (void)self;
     memset(&g, 0, sizeof g);
@@ -753,13 +743,9 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
     g.B = pb;
     if (gemm_dtype("cublas_gemm", dtype, 1, &g.dtype) < 0)
         return NULL;
-    rc = mf_cuda_gemm_run(&g, err, sizeof err);
-    if (rc == MF_CUDA_EINVAL) {
-        PyErr_SetString(PyExc_ValueError, err);
-        return NULL;
-    }
-    if (rc != MF_CUDA_OK)
-        return runtime_error(err);
+    rc = mf_cuda_gemm_run(&g, &ctx);
+    if (rc != MF_OK)
+        return mf_py_raise_status(rc, ctx.err);
     Py_RETURN_NONE;
 }
 
@@ -768,7 +754,7 @@ PyDoc_STRVAR(lt_matmul_doc,
              "                A, lda, stride_a, B, ldb, stride_b, D, ldd, stride_d, batch, dtype,\n"
              "                allow_tf32, bias, act, /)\n--\n\n"
              "Column-major D = act(op(A)@op(B) [+ bias]) as ONE cublasLtMatmul with a fused\n"
-             "epilogue (NOTE [cublasLt matmul] in csrc/cuda/mf_cuda.c).  Pointers and the stream\n"
+             "epilogue (NOTE [cublasLt matmul] in csrc/cuda/mf_cuda_blas.c).  Pointers and the stream\n"
              "are ints; bias is a pointer to m elements of dtype, or 0 for none; dtype is\n"
              "'float32', 'float16' or 'bfloat16'; act is 'none' or 'relu'.  Raises ValueError\n"
              "for bad arguments, NotImplementedError when libcublasLt (or the driver) is\n"
@@ -782,7 +768,7 @@ static PyObject *py_lt_matmul(PyObject *self, PyObject *args)
     void *pa, *pb, *pbias;
     unsigned long long ws_bytes;
     const char *dtype, *act;
-    char err[ERRLEN];
+    mf_cuda_ctx ctx = {""};
     int rc;
     (void)self;
     memset(&g, 0, sizeof g);
@@ -807,18 +793,14 @@ static PyObject *py_lt_matmul(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "cublaslt_matmul: unsupported activation %s", act);
         return NULL;
     }
-    err[0] = '\0';
-    rc = mf_cuda_lt_matmul_run(&g, err, sizeof err);
-    if (rc == MF_CUDA_EINVAL) {
-        PyErr_SetString(PyExc_ValueError, err);
-        return NULL;
-    }
-    if (rc == MF_CUDA_ENOTFOUND || rc == MF_CUDA_ENOALGO) {
-        PyErr_SetString(PyExc_NotImplementedError, err);
-        return NULL;
-    }
-    if (rc != MF_CUDA_OK)
-        return runtime_error(err);
+    ctx.err[0] = '\0';
+    rc = mf_cuda_lt_matmul_run(&g, &ctx);
+    /* cuBLASLt is optional: without it the pair runs as torch ops, so a
+     * missing library is a case not covered here, like no algorithm. */
+    if (rc == MF_CUDA_ENOTFOUND)
+        rc = MF_CUDA_EUNSUPPORTED;
+    if (rc != MF_OK)
+        return mf_py_raise_status(rc, ctx.err);
     Py_RETURN_NONE;
 }
 

@@ -19,7 +19,11 @@ int mf_py_cuda_exec(PyObject *module);    /* cuda_py.c: CUDA loader, codegen, NV
 
 /* plan.c helpers shared with trace.c */
 void mf_py_ctx_init(mf_ctx *ctx);                      /* core ctx on PyMem_Raw */
-PyObject *mf_py_raise(const mf_ctx *ctx, int status);  /* status -> exception, NULL */
+/* errors.c NOTE [one error path]: any status of the core or the CUDA layer
+ * with its message -> the exception; returns NULL.  mf_py_raise: the same
+ * for a core ctx. */
+PyObject *mf_py_raise_status(int status, const char *msg);
+PyObject *mf_py_raise(const mf_ctx *ctx, int status);
 PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
                          int dp_max_ops, long long dp_max_bytes); /* -> plan dict */
 /* A tuple snapshot of a sequence (plan.c NOTE [snapshots]): o itself when a

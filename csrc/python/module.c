@@ -4,8 +4,8 @@
  * The exec slot asks each part of the binding to add its functions:
  * plan.c (the C core: plan, simulate), trace.c (reading Thunder traces) and
  * cuda_py.c (CUDA loader, code generator, NVRTC, cuBLAS).  No static
- * PyObject globals: what a part needs lives in its own module state or is
- * looked up per call.
+ * PyObject globals and no module state (m_size 0): the exception types are
+ * attributes of the module, looked up per raise (errors.c).
  *
  * MemFuseError (a RuntimeError) is the base of every exception the package
  * defines: the binding's own (internal errors, KernelCompileError) and the

@@ -5,7 +5,7 @@
  * here, so every message names the offending argument and index), lets the
  * core check the graph (it names semantic problems: a value produced twice,
  * a cycle ...), runs the core without the GIL, and converts the result.
- * Core statuses become exceptions in one place, mf_py_raise.
+ * Core statuses become exceptions in one place, mf_py_raise (errors.c).
  *
  * NOTE [snapshots]: every sequence argument is copied into a tuple
  * (mf_py_tuple) before any of its items is converted.  Converting an item
@@ -38,38 +38,6 @@ void mf_py_ctx_init(mf_ctx *ctx)
     a.free = raw_free;
     a.ud = NULL;
     mf_ctx_init(ctx, &a);
-}
-
-/* Turn a core status into a Python exception; returns NULL. */
-PyObject *mf_py_raise(const mf_ctx *ctx, int status)
-{
-    switch (status) {
-    case MF_ENOMEM:
-        return PyErr_NoMemory();
-    case MF_ECANCEL:
-        /* the signal handler's exception (KeyboardInterrupt) is set */
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "thunder_memfuse: plan cancelled");
-        return NULL;
-    case MF_EINVAL:
-    case MF_ECYCLE:
-        PyErr_SetString(PyExc_ValueError, ctx->err);
-        return NULL;
-    default: {
-        /* thunder_memfuse._C.MemFuseError (module.c), looked up per call: errors are rare and
-         * the binding keeps no static PyObject globals; RuntimeError, its base, if that fails */
-        PyObject *type = NULL, *mod = PyImport_ImportModule("thunder_memfuse._C");
-        if (mod) {
-            type = PyObject_GetAttrString(mod, "MemFuseError");
-            Py_DECREF(mod);
-        }
-        PyErr_Clear();
-        PyErr_Format(type ? type : PyExc_RuntimeError, "thunder_memfuse internal error (status %d): %s", status,
-                     ctx->err);
-        Py_XDECREF(type);
-        return NULL;
-    }
-    }
 }
 
 /* ---- argument conversion ---- */

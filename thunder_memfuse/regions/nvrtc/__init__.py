@@ -120,9 +120,6 @@ def region_of_one(bsym) -> bool:
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
 
 
-is_cuda_gemm = region_of_one
-
-
 def gemm_builder(bsym, inputs, *, act=None):
     """A builder for the cuBLAS call of one matmul/linear bound symbol (with
     act="relu": the cuBLASLt call of the region [bsym, relu])."""

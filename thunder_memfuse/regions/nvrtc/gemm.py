@@ -152,7 +152,7 @@ def _matmul_shapes(a, b, error):
         raise error(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
     n = b2.shape[-1]
     ba, bb = tuple(a2.shape[:-2]), tuple(b2.shape[:-2])
-    if ba == bb or not bb:  # the common cases, without torch.broadcast_shapes (~15 us a call)
+    if ba == bb or not bb:  # the common cases, without torch.broadcast_shapes (a costly call here)
         batch = ba
     elif not ba:
         batch = bb
@@ -184,16 +184,24 @@ def cuda_matmul(a, b):
     return out.view(shape)
 
 
+def _check_linear_shapes(x, w, bias):
+    """ValueError for shapes torch.nn.functional.linear rejects too (both linear paths)."""
+    if w.dim() != 2:
+        raise ValueError(f"linear: weight must be 2-D, got shape {tuple(w.shape)}")
+    if x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: input of shape {tuple(x.shape)} does not match weight {tuple(w.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
+        raise ValueError(f"linear: bias of shape {tuple(bias.shape)} for {w.shape[0]} out_features")
+
+
 def cuda_linear(x, w, bias=None):
     """torch.nn.functional.linear(x, w, bias) with cuBLAS (bias added as beta=1 on a pre-filled
-    output, so no extra buffer); NotImplementedError for what it does not cover."""
+    output, so no extra buffer); ValueError for shapes that do not fit, NotImplementedError for
+    what it does not cover."""
     import torch
 
     _check_gemm_inputs(*([x, w] + ([bias] if bias is not None else [])))
-    if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
-        raise NotImplementedError("linear: unsupported shapes")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
-        raise NotImplementedError("linear: bias must be 1-D of out_features")
+    _check_linear_shapes(x, w, bias)
     n_in, n_out = w.shape[1], w.shape[0]
     if n_in == 0:
         raise NotImplementedError("linear: zero in_features")
@@ -216,7 +224,7 @@ def cuda_linear(x, w, bias=None):
 #
 # NOTE [cublasLt epilogue]
 #   cuda_matmul_act / cuda_linear_act run relu(a @ b) / relu(x @ w.T + bias) as ONE cublasLtMatmul
-#   (csrc/cuda/mf_cuda.c NOTE [cublasLt matmul]): the only memory they take is their output, from
+#   (csrc/cuda/mf_cuda_blas.c NOTE [cublasLt matmul]): the only memory they take is their output, from
 #   torch.empty, so a planned region [matmul, relu] or [linear, relu] never materializes the
 #   pre-activation.  The row-major problem is mapped to column-major as for cuBLAS (C^T = B^T A^T),
 #   so the bias (out_features long) is a per-row vector of the column-major result, which is what
@@ -311,12 +319,7 @@ def cuda_linear_act(x, w, bias=None, act="relu"):
 
     _check_tensor_args(x=x, w=w, **({} if bias is None else {"bias": bias}))
     _check_act(act)
-    if w.dim() != 2:
-        raise ValueError(f"linear: weight must be 2-D, got shape {tuple(w.shape)}")
-    if x.dim() < 1 or x.shape[-1] != w.shape[1]:
-        raise ValueError(f"linear: input of shape {tuple(x.shape)} does not match weight {tuple(w.shape)}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
-        raise ValueError(f"linear: bias of shape {tuple(bias.shape)} for {w.shape[0]} out_features")
+    _check_linear_shapes(x, w, bias)
     _check_lt_inputs(*([x, w] + ([bias] if bias is not None else [])))
     n_in, n_out = w.shape[1], w.shape[0]
     if n_in == 0:

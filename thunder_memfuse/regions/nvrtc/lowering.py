@@ -72,7 +72,7 @@ def _dtype_name(dtype) -> str:
         dtypes = _thunder()[0]
         try:
             name = _torch_dtype_name(dtypes.to_torch_dtype(dtype))
-        except Exception:
+        except (ValueError, KeyError):  # not a Thunder dtype, or one torch has no dtype for
             name = None
     if name is None:
         raise _Unsupported(f"dtype {dtype} is not supported")
@@ -174,7 +174,11 @@ def fusible_bsym(bsym) -> bool:
         return True
     except _Unsupported:
         return False
-    except Exception:
+    except Exception as e:  # a case the lowering did not foresee: say so, keep the op out of kernels
+        from ...errors import warn
+
+        warn(f"memfuse nvrtc: {bsym.sym.name} stays out of generated kernels: lowering it raised "
+             f"{type(e).__name__}: {e}")
         return False
 
 
