@@ -36,9 +36,6 @@ ALLOWED = {
     ("csrc/cuda/mf_codegen.h", "4 KiB"): "CUDA's documented limit on a kernel's by-value parameters",
     ("thunder_memfuse/_plan.py", "256 MiB"): "the DP's memory budget, a setting (mf_plan_options.max_dp_bytes)",
     ("thunder_memfuse/regions/nvrtc/gemm.py", "32 MiB"): "the cuBLAS workspace size chosen for sm_90+, a setting",
-    # Pending: owned by another change in flight (issue 19, regions/torchcompile.py:16, NOTE [extern ops
-    # in regions]); remove this entry when that line cites RESULTS instead.
-    ("thunder_memfuse/regions/torchcompile.py", "0.25 MiB"): "pending edit in another branch",
 }
 
 

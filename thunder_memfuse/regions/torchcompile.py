@@ -13,7 +13,7 @@ extern call in Inductor's program: its inputs and its result are stored in buffe
 join a region all the same, as STORED (fusible() returns 2, the core's MF_FUSIBLE_STORED): the
 planner then counts every storage it reads or writes as stored while the region runs (mf_fuse.c
 NOTE [stored inner values]), so a GEMM sits inside a region only where that does not raise the
-peak, and the seed keeps its 0.25 MiB paths apart.  Fewer regions are fewer calls.  An epilogue pair
+peak, and the seed keeps its paths apart (benchmarks/RESULTS.md).  Fewer regions are fewer calls.  An epilogue pair
 [gemm, elementwise op of its result alone] (mf_fuse.c NOTE [epilogue pairs]) keeps its exact rule:
 Inductor writes the elementwise result over the GEMM's buffer, so the pair stores one tensor.
 

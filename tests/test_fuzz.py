@@ -1,0 +1,45 @@
+"""The differential fuzzer (tests/fuzz_programs.py) as part of the test command: seeded programs with
+in-place ops on intermediates, inputs and views, may-alias ops, matmuls and random draws, with and
+without autograd.  Wherever plain Thunder agrees with eager, memfuse must agree with plain Thunder
+(bit for bit with plain thunder.jit, within tolerance where its regions are compiled) and must have
+planned every trace.  The time bound is a guard against a hung run, not the test's size: the test
+fails if it stops before its programs are done.  `python tests/fuzz_programs.py --help` runs longer."""
+import os
+
+import pytest
+
+import fuzz_programs as fp
+from thunder_memfuse.regions import torchcompile as tc
+
+PROGRAMS = int(os.environ.get("MEMFUSE_FUZZ_PROGRAMS", "320"))
+SECONDS = float(os.environ.get("MEMFUSE_FUZZ_SECONDS", "1500"))
+
+
+def _check(res, n):
+    bad = {k: v for k, v in res.items() if k not in ("ok", "skip")}
+    assert not bad, f"memfuse differs from plain Thunder: {bad}"
+    done = sum(len(v) for v in res.values())
+    assert done == n, f"only {done} of {n} programs ran within {SECONDS} s"
+    # most programs say something about memfuse (plain Thunder is right on them)
+    assert len(res.get("ok", ())) >= n // 2, {k: len(v) for k, v in res.items()}
+
+
+def test_random_programs_match_plain_thunder():
+    res = fp.fuzz(range(PROGRAMS), seconds=SECONDS)
+    _check(res, PROGRAMS)
+
+
+@pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")
+def test_random_programs_match_plain_thunder_with_torchcompile():
+    n = max(PROGRAMS // 16, 8)
+    res = fp.fuzz(range(10_000, 10_000 + n), seconds=SECONDS, executors=["torchcompile"])
+    _check(res, n)
+
+
+def test_the_fuzzer_sees_a_pass_that_does_nothing(monkeypatch):
+    """A memfuse that silently returned every trace unchanged would be reported as unplanned."""
+    from thunder_memfuse import transform
+
+    p = next(p for p in map(fp.make_program, range(100)) if fp.check(p).status == "ok")
+    monkeypatch.setattr(transform.MemFuse, "_transform", lambda self, trace: trace)
+    assert fp.check(p).status == "unplanned"
