@@ -39,6 +39,10 @@ int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long 
 PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
                                     int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
                                     long long dp_max_bytes, mf_gbuf *used);
+/* trace_regroup.c: the plan's groups as lists of bound symbols (ops_list:
+ * op id -> bsym); used: the graph with recomputed copies the plan is for, or
+ * NULL; nv0: values of the trace's own graph.  New reference or NULL. */
+PyObject *mf_py_regroup(PyObject *plan, PyObject *ops_list, const mf_gbuf *used, int32_t nv0);
 /* A tuple snapshot of a sequence (plan.c NOTE [snapshots]): o itself when a
  * tuple, else a new tuple of its items; TypeError naming `what` otherwise. */
 PyObject *mf_py_tuple(PyObject *o, const char *what);

@@ -912,80 +912,8 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
                                            comm_overlap, 0, 0, &used)))
         goto done;
     have_used = used.n_ops > 0;
-    /* regroup: groups[k] = the bound symbols of the k-th planned group; with
-     * recomputation, op k of the planned graph is or copies op origin[k], and
-     * an op reading or making a value the copies introduced is given as
-     * (bsym, ((value of the trace, new value), ...)) for the Python layer to
-     * rewrite with fresh proxies (transform.py NOTE [emitting copies]) */
-    order = PyDict_GetItemString(plan, "order");
-    gl = PyDict_GetItemString(plan, "groups");
-    if (!order || !gl) {
-        PyErr_SetString(PyExc_RuntimeError, "plan result lacks order/groups");
+    if (!(groups = mf_py_regroup(plan, ops_list, have_used ? &used : NULL, w.g.n_values)))
         goto done;
-    }
-    {
-        PyObject *rinfo = have_used ? PyDict_GetItemString(plan, "recompute") : NULL;
-        PyObject *origin = rinfo ? PyDict_GetItemString(rinfo, "origin") : NULL;
-        PyObject *vorigin = rinfo ? PyDict_GetItemString(rinfo, "value_origin") : NULL;
-        int32_t nv0 = w.g.n_values;
-        if (have_used && (!origin || !vorigin)) {
-            PyErr_SetString(PyExc_RuntimeError, "recompute result lacks origin");
-            goto done;
-        }
-        if (!(groups = PyList_New(PyList_GET_SIZE(gl))))
-            goto done;
-        for (i = 0; i < PyList_GET_SIZE(gl); i++) {
-            PyObject *ids = PyList_GET_ITEM(gl, i), *bl = PyList_New(PyList_GET_SIZE(ids));
-            Py_ssize_t k;
-            if (!bl)
-                goto done;
-            PyList_SET_ITEM(groups, i, bl);
-            for (k = 0; k < PyList_GET_SIZE(ids); k++) {
-                long opid = PyLong_AsLong(PyList_GET_ITEM(ids, k)), orig = opid;
-                PyObject *b, *item;
-                if (have_used)
-                    orig = PyLong_AsLong(PyList_GET_ITEM(origin, opid));
-                b = PyList_GET_ITEM(ops_list, orig);
-                item = b;
-                Py_INCREF(b);
-                if (have_used) {
-                    PyObject *pairs = PyList_New(0);
-                    int32_t j, lo[2] = {used.in_ptr[opid], used.out_ptr[opid]}, hi[2] = {used.in_ptr[opid + 1],
-                                                                                        used.out_ptr[opid + 1]};
-                    int side;
-                    if (!pairs) {
-                        Py_DECREF(b);
-                        goto done;
-                    }
-                    for (side = 0; side < 2; side++)
-                        for (j = lo[side]; j < hi[side]; j++) {
-                            int32_t v = side ? used.out_idx[j] : used.in_idx[j];
-                            PyObject *pr;
-                            if (v < nv0)
-                                continue;
-                            pr = Py_BuildValue("(Oi)", PyList_GET_ITEM(vorigin, v), (int)v);
-                            if (!pr || PyList_Append(pairs, pr) < 0) {
-                                Py_XDECREF(pr);
-                                Py_DECREF(pairs);
-                                Py_DECREF(b);
-                                goto done;
-                            }
-                            Py_DECREF(pr);
-                        }
-                    if (PyList_GET_SIZE(pairs) > 0) {
-                        PyObject *tp = PyList_AsTuple(pairs);
-                        item = tp ? Py_BuildValue("(NN)", b, tp) : NULL;
-                        if (!item) {
-                            Py_DECREF(pairs);
-                            goto done;
-                        }
-                    }
-                    Py_DECREF(pairs);
-                }
-                PyList_SET_ITEM(bl, k, item);
-            }
-        }
-    }
     if (virtual_open == 2) { /* the saved-tensor op has no bound symbol: drop its group */
         Py_ssize_t g0;
         for (g0 = 0; g0 < PyList_GET_SIZE(groups); g0++) {
