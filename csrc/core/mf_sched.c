@@ -36,7 +36,8 @@
  * (mf_plan_st, mf_dp.h).
  *
  * Notes kept elsewhere: NOTE [piece DP] and NOTE [DP memory budget] are in
- * mf_dp.c, NOTE [windows] in mf_windows.c.
+ * mf_dp.c, NOTE [windows] in mf_windows.c, NOTE [cut points] and NOTE
+ * [sinks] in mf_cuts.c.
  */
 #include "mf_dp.h"
 

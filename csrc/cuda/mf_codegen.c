@@ -244,175 +244,220 @@ static const char *load_expr(int dt)
     }
 }
 
-int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, mf_cuda_ctx *ctx)
+/* Per-value dtypes and scalar flags, tensor input slots (after validate). */
+static int gen_init(mf_cg_gen *g, const mf_codegen_region *r, mf_cuda_ctx *ctx)
 {
-    mf_cg_gen g;
-    mf_sb body = {NULL, 0, 0, 0}, out = {NULL, 0, 0, 0};
-    int i, d, rc = MF_OK, slot;
-    const int D = r->ndim;
-    const int strided = !r->contiguous;
-    const char *idx = r->index64 ? "unsigned long long" : "unsigned int";
-    char off[32];
-
-    *src_out = NULL;
-    *len_out = 0;
-    memset(&g, 0, sizeof g);
-    g.r = r;
-    g.ctx = ctx;
-    g.n_values = r->n_inputs + r->n_instrs;
-    g.vdtype = (int *)calloc((size_t)g.n_values + 1, sizeof(int));
-    g.vscalar = (int *)calloc((size_t)g.n_values + 1, sizeof(int));
-    g.tensor_slot = (int *)calloc((size_t)r->n_inputs + 1, sizeof(int));
-    if (!g.vdtype || !g.vscalar || !g.tensor_slot) {
-        rc = mf_cg_fail(&g, "out of memory");
-        rc = MF_ENOMEM;
-        goto done;
+    int i;
+    memset(g, 0, sizeof *g);
+    g->r = r;
+    g->ctx = ctx;
+    g->n_values = r->n_inputs + r->n_instrs;
+    g->vdtype = (int *)calloc((size_t)g->n_values + 1, sizeof(int));
+    g->vscalar = (int *)calloc((size_t)g->n_values + 1, sizeof(int));
+    g->tensor_slot = (int *)calloc((size_t)r->n_inputs + 1, sizeof(int));
+    if (!g->vdtype || !g->vscalar || !g->tensor_slot) {
+        mf_cg_fail(g, "out of memory");
+        return MF_ENOMEM;
     }
-    rc = validate(&g);
-    if (rc != MF_OK)
-        goto done;
+    if ((i = validate(g)) != MF_OK)
+        return i;
     for (i = 0; i < r->n_inputs; i++) {
-        g.vdtype[i] = r->inputs[i].dtype;
-        g.vscalar[i] = r->inputs[i].is_scalar;
-        g.tensor_slot[i] = r->inputs[i].is_scalar ? -1 : g.n_tensor_inputs++;
+        g->vdtype[i] = r->inputs[i].dtype;
+        g->vscalar[i] = r->inputs[i].is_scalar;
+        g->tensor_slot[i] = r->inputs[i].is_scalar ? -1 : g->n_tensor_inputs++;
     }
     for (i = 0; i < r->n_instrs; i++) {
-        g.vdtype[r->n_inputs + i] = r->instrs[i].dtype;
-        g.vscalar[r->n_inputs + i] = mf_cg_ops[r->instrs[i].op].kind == K_CONST;
+        g->vdtype[r->n_inputs + i] = r->instrs[i].dtype;
+        g->vscalar[r->n_inputs + i] = mf_cg_ops[r->instrs[i].op].kind == K_CONST;
     }
-    g.nt = g.n_tensor_inputs + r->n_outputs;
+    g->nt = g->n_tensor_inputs + r->n_outputs;
+    return MF_OK;
+}
 
-    /* ---- kernel body (emitted first: it decides which helpers are used) */
-    mf_sb_printf(&body, "extern \"C\" __global__ void __launch_bounds__(MF_BLOCK) %s(const MfParams P) {\n",
-              MF_CODEGEN_KERNEL_NAME);
-    mf_sb_printf(&body, "  typedef %s mf_idx;\n", idx);
-    mf_sb_printf(&body, "  const mf_idx n = (mf_idx)P.numel;\n");
-    mf_sb_printf(&body, "  const mf_idx step = (mf_idx)gridDim.x * (mf_idx)blockDim.x;\n");
+static void gen_free(mf_cg_gen *g)
+{
+    free(g->vdtype);
+    free(g->vscalar);
+    free(g->tensor_slot);
+}
+
+/* The kernel's signature, the operand pointers, sizes and strides. */
+static void emit_prologue(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    const int D = r->ndim;
+    int i, d, slot;
+    mf_sb_printf(body, "extern \"C\" __global__ void __launch_bounds__(MF_BLOCK) %s(const MfParams P) {\n",
+                 MF_CODEGEN_KERNEL_NAME);
+    mf_sb_printf(body, "  typedef %s mf_idx;\n", r->index64 ? "unsigned long long" : "unsigned int");
+    mf_sb_printf(body, "  const mf_idx n = (mf_idx)P.numel;\n");
+    mf_sb_printf(body, "  const mf_idx step = (mf_idx)gridDim.x * (mf_idx)blockDim.x;\n");
     for (i = 0; i < r->n_inputs; i++) {
         if (r->inputs[i].is_scalar)
             continue;
         if (is16(r->inputs[i].dtype))
-            g.helpers |= r->inputs[i].dtype == MF_DT_F16 ? H_F16 : H_BF16;
-        mf_sb_printf(&body, "  const %s* __restrict__ p%d = (const %s*)P.ptr[%d];\n",
-                  mf_cg_dtypes[r->inputs[i].dtype].stype, g.tensor_slot[i],
-                  mf_cg_dtypes[r->inputs[i].dtype].stype, g.tensor_slot[i]);
+            g->helpers |= r->inputs[i].dtype == MF_DT_F16 ? H_F16 : H_BF16;
+        mf_sb_printf(body, "  const %s* __restrict__ p%d = (const %s*)P.ptr[%d];\n",
+                     mf_cg_dtypes[r->inputs[i].dtype].stype, g->tensor_slot[i],
+                     mf_cg_dtypes[r->inputs[i].dtype].stype, g->tensor_slot[i]);
     }
     for (i = 0; i < r->n_outputs; i++) {
-        int dt = g.vdtype[r->outputs[i].value];
+        int dt = g->vdtype[r->outputs[i].value];
         if (is16(dt))
-            g.helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
-        mf_sb_printf(&body, "  %s* __restrict__ q%d = (%s*)P.ptr[%d];\n", mf_cg_dtypes[dt].stype, i,
-                  mf_cg_dtypes[dt].stype, g.n_tensor_inputs + i);
+            g->helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
+        mf_sb_printf(body, "  %s* __restrict__ q%d = (%s*)P.ptr[%d];\n", mf_cg_dtypes[dt].stype, i,
+                     mf_cg_dtypes[dt].stype, g->n_tensor_inputs + i);
     }
-    if (strided) {
+    if (!r->contiguous) {
         for (d = 1; d < D; d++) /* the outermost size is implied by numel */
-            mf_sb_printf(&body, "  const mf_idx sz%d = (mf_idx)P.size[%d];\n", d, d);
-        for (slot = 0; slot < g.nt; slot++)
+            mf_sb_printf(body, "  const mf_idx sz%d = (mf_idx)P.size[%d];\n", d, d);
+        for (slot = 0; slot < g->nt; slot++)
             for (d = 0; d < D; d++)
-                mf_sb_printf(&body, "  const mf_idx st%d_%d = (mf_idx)P.stride[%d];\n", slot, d,
-                          slot * D + d);
+                mf_sb_printf(body, "  const mf_idx st%d_%d = (mf_idx)P.stride[%d];\n", slot, d, slot * D + d);
     }
-    mf_sb_printf(&body, "  for (mf_idx i = (mf_idx)blockIdx.x * (mf_idx)blockDim.x + (mf_idx)threadIdx.x; "
-                     "i < n; i += step) {\n");
-    if (strided) {
-        for (slot = 0; slot < g.nt; slot++)
-            mf_sb_printf(&body, "    mf_idx o%d = 0;\n", slot);
+}
+
+/* The grid-stride loop's head; in the strided variant each operand's offset
+ * and the guards of broadcast outputs (NOTE [broadcast outputs]). */
+static void emit_index(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    int i, d, slot;
+    mf_sb_printf(body, "  for (mf_idx i = (mf_idx)blockIdx.x * (mf_idx)blockDim.x + (mf_idx)threadIdx.x; "
+                       "i < n; i += step) {\n");
+    if (r->contiguous)
+        return;
+    for (slot = 0; slot < g->nt; slot++)
+        mf_sb_printf(body, "    mf_idx o%d = 0;\n", slot);
+    for (i = 0; i < r->n_outputs; i++)
+        if (r->outputs[i].guarded)
+            mf_sb_printf(body, "    bool w%d = true;\n", i);
+    mf_sb_printf(body, "    mf_idx r = i;\n");
+    for (d = r->ndim - 1; d >= 0; d--) {
+        if (d > 0)
+            mf_sb_printf(body, "    { const mf_idx c = r %% sz%d; r = r / sz%d;\n", d, d);
+        else
+            mf_sb_printf(body, "    { const mf_idx c = r;\n");
+        for (slot = 0; slot < g->nt; slot++)
+            mf_sb_printf(body, "      o%d += c * st%d_%d;\n", slot, slot, d);
         for (i = 0; i < r->n_outputs; i++)
             if (r->outputs[i].guarded)
-                mf_sb_printf(&body, "    bool w%d = true;\n", i);
-        mf_sb_printf(&body, "    mf_idx r = i;\n");
-        for (d = D - 1; d >= 0; d--) {
-            if (d > 0)
-                mf_sb_printf(&body, "    { const mf_idx c = r %% sz%d; r = r / sz%d;\n", d, d);
-            else
-                mf_sb_printf(&body, "    { const mf_idx c = r;\n");
-            for (slot = 0; slot < g.nt; slot++)
-                mf_sb_printf(&body, "      o%d += c * st%d_%d;\n", slot, slot, d);
-            for (i = 0; i < r->n_outputs; i++)
-                if (r->outputs[i].guarded)
-                    mf_sb_printf(&body, "      if (c != 0 && st%d_%d == 0) w%d = false;\n",
-                              g.n_tensor_inputs + i, d, i);
-            mf_sb_printf(&body, "    }\n");
-        }
+                mf_sb_printf(body, "      if (c != 0 && st%d_%d == 0) w%d = false;\n", g->n_tensor_inputs + i, d,
+                             i);
+        mf_sb_printf(body, "    }\n");
     }
-    /* loads */
+}
+
+/* One value per input: a scalar argument, or a tensor element in its
+ * compute type. */
+static void emit_loads(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    char off[32], ptr[16];
+    int i;
     for (i = 0; i < r->n_inputs; i++) {
         int dt = r->inputs[i].dtype;
         if (r->inputs[i].is_scalar) {
             if (dt == MF_DT_BOOL)
-                mf_sb_printf(&body, "    const bool v%d = P.s%d != 0;\n", i, i);
+                mf_sb_printf(body, "    const bool v%d = P.s%d != 0;\n", i, i);
             else
-                mf_sb_printf(&body, "    const %s v%d = P.s%d;\n", mf_cg_dtypes[dt].ctype, i, i);
+                mf_sb_printf(body, "    const %s v%d = P.s%d;\n", mf_cg_dtypes[dt].ctype, i, i);
             continue;
         }
-        snprintf(off, sizeof off, strided ? "o%d" : "i", g.tensor_slot[i]);
-        {
-            char ptr[16];
-            snprintf(ptr, sizeof ptr, "p%d", g.tensor_slot[i]);
-            mf_sb_printf(&body, "    const %s v%d = ", mf_cg_dtypes[dt].ctype, i);
-            mf_sb_printf(&body, load_expr(dt), ptr, off);
-            mf_sb_printf(&body, ";\n");
+        snprintf(off, sizeof off, r->contiguous ? "i" : "o%d", g->tensor_slot[i]);
+        snprintf(ptr, sizeof ptr, "p%d", g->tensor_slot[i]);
+        mf_sb_printf(body, "    const %s v%d = ", mf_cg_dtypes[dt].ctype, i);
+        mf_sb_printf(body, load_expr(dt), ptr, off);
+        mf_sb_printf(body, ";\n");
+    }
+}
+
+/* Each output stored in its dtype (guarded ones only where their guard
+ * holds), then the loop and the kernel closed. */
+static void emit_stores(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    const int strided = !r->contiguous;
+    char off[32];
+    int i;
+    for (i = 0; i < r->n_outputs; i++) {
+        int v = r->outputs[i].value, dt = g->vdtype[v];
+        snprintf(off, sizeof off, strided ? "o%d" : "i", g->n_tensor_inputs + i);
+        mf_sb_printf(body, "    ");
+        if (strided && r->outputs[i].guarded)
+            mf_sb_printf(body, "if (w%d) ", i);
+        switch (dt) {
+        case MF_DT_BOOL: mf_sb_printf(body, "q%d[%s] = (unsigned char)v%d;\n", i, off, v); break;
+        case MF_DT_F16: mf_sb_printf(body, "q%d[%s] = mf_f2h(v%d);\n", i, off, v); break;
+        case MF_DT_BF16: mf_sb_printf(body, "q%d[%s] = mf_f2bf(v%d);\n", i, off, v); break;
+        default: mf_sb_printf(body, "q%d[%s] = v%d;\n", i, off, v); break;
         }
     }
+    mf_sb_printf(body, "  }\n}\n");
+}
+
+/* The source: header comment, the helpers the body used, the parameter
+ * struct (NOTE [kernel parameters]), the body. */
+static void emit_source(mf_sb *out, const mf_cg_gen *g, const mf_sb *body)
+{
+    const mf_codegen_region *r = g->r;
+    const int D = r->ndim, strided = !r->contiguous;
+    static const struct {
+        unsigned bit;
+        const char *text;
+    } helpers[] = {{H_F16, HELP_F16},   {H_BF16, HELP_BF16},     {H_REM, HELP_REM}, {H_IREM, HELP_IREM},
+                   {H_IPOW, HELP_IPOW}, {H_MAXMIN, HELP_MAXMIN}, {H_LERP, HELP_LERP}};
+    size_t h;
+    int i;
+    mf_sb_printf(out, "// thunder_memfuse generated kernel: %d inputs, %d instructions, %d outputs;\n",
+                 r->n_inputs, r->n_instrs, r->n_outputs);
+    mf_sb_printf(out, "// variant: %s, ndim %d, %s indexing.\n", strided ? "strided" : "contiguous", D,
+                 r->index64 ? "64-bit" : "32-bit");
+    mf_sb_printf(out, "// ops:");
+    for (i = 0; i < r->n_instrs; i++)
+        mf_sb_printf(out, " %s", mf_cg_ops[r->instrs[i].op].name);
+    mf_sb_printf(out, "\n#define MF_BLOCK %d\n", MF_CODEGEN_BLOCK);
+    for (h = 0; h < sizeof helpers / sizeof helpers[0]; h++)
+        if (g->helpers & helpers[h].bit)
+            mf_sb_printf(out, "%s", helpers[h].text);
+    mf_sb_printf(out, "struct MfParams {\n  long long numel;\n");
+    if (strided)
+        mf_sb_printf(out, "  long long size[%d];\n", D);
+    mf_sb_printf(out, "  void* ptr[%d];\n", g->nt);
+    if (strided)
+        mf_sb_printf(out, "  long long stride[%d];\n", g->nt * D);
+    for (i = 0; i < r->n_inputs; i++)
+        if (r->inputs[i].is_scalar)
+            mf_sb_printf(out, "  %s s%d;\n", r->inputs[i].dtype == MF_DT_F64 ? "double" : "long long", i);
+    mf_sb_printf(out, "};\n");
+    mf_sb_printf(out, "%s", body->buf);
+}
+
+int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, mf_cuda_ctx *ctx)
+{
+    mf_cg_gen g;
+    mf_sb body = {NULL, 0, 0, 0}, out = {NULL, 0, 0, 0};
+    int i, rc;
+
+    *src_out = NULL;
+    *len_out = 0;
+    if ((rc = gen_init(&g, r, ctx)) != MF_OK)
+        goto done;
+    /* the body first: it decides which helpers are used */
+    emit_prologue(&body, &g);
+    emit_index(&body, &g);
+    emit_loads(&body, &g);
     for (i = 0; i < r->n_instrs && rc == MF_OK; i++)
         rc = mf_cg_emit_instr(&body, &g, i);
     if (rc != MF_OK)
         goto done;
-    /* stores */
-    for (i = 0; i < r->n_outputs; i++) {
-        int v = r->outputs[i].value, dt = g.vdtype[v];
-        snprintf(off, sizeof off, strided ? "o%d" : "i", g.n_tensor_inputs + i);
-        mf_sb_printf(&body, "    ");
-        if (strided && r->outputs[i].guarded)
-            mf_sb_printf(&body, "if (w%d) ", i);
-        switch (dt) {
-        case MF_DT_BOOL: mf_sb_printf(&body, "q%d[%s] = (unsigned char)v%d;\n", i, off, v); break;
-        case MF_DT_F16: mf_sb_printf(&body, "q%d[%s] = mf_f2h(v%d);\n", i, off, v); break;
-        case MF_DT_BF16: mf_sb_printf(&body, "q%d[%s] = mf_f2bf(v%d);\n", i, off, v); break;
-        default: mf_sb_printf(&body, "q%d[%s] = v%d;\n", i, off, v); break;
-        }
-    }
-    mf_sb_printf(&body, "  }\n}\n");
+    emit_stores(&body, &g);
     if (body.oom) {
         rc = MF_ENOMEM;
         mf_cg_fail(&g, "out of memory");
         goto done;
     }
-
-    /* ---- header, helpers, parameter struct, body */
-    mf_sb_printf(&out, "// thunder_memfuse generated kernel: %d inputs, %d instructions, %d outputs;\n",
-              r->n_inputs, r->n_instrs, r->n_outputs);
-    mf_sb_printf(&out, "// variant: %s, ndim %d, %s indexing.\n", strided ? "strided" : "contiguous", D,
-              r->index64 ? "64-bit" : "32-bit");
-    mf_sb_printf(&out, "// ops:");
-    for (i = 0; i < r->n_instrs; i++)
-        mf_sb_printf(&out, " %s", mf_cg_ops[r->instrs[i].op].name);
-    mf_sb_printf(&out, "\n#define MF_BLOCK %d\n", MF_CODEGEN_BLOCK);
-    if (g.helpers & H_F16)
-        mf_sb_printf(&out, "%s", HELP_F16);
-    if (g.helpers & H_BF16)
-        mf_sb_printf(&out, "%s", HELP_BF16);
-    if (g.helpers & H_REM)
-        mf_sb_printf(&out, "%s", HELP_REM);
-    if (g.helpers & H_IREM)
-        mf_sb_printf(&out, "%s", HELP_IREM);
-    if (g.helpers & H_IPOW)
-        mf_sb_printf(&out, "%s", HELP_IPOW);
-    if (g.helpers & H_MAXMIN)
-        mf_sb_printf(&out, "%s", HELP_MAXMIN);
-    if (g.helpers & H_LERP)
-        mf_sb_printf(&out, "%s", HELP_LERP);
-    mf_sb_printf(&out, "struct MfParams {\n  long long numel;\n");
-    if (strided)
-        mf_sb_printf(&out, "  long long size[%d];\n", D);
-    mf_sb_printf(&out, "  void* ptr[%d];\n", g.nt);
-    if (strided)
-        mf_sb_printf(&out, "  long long stride[%d];\n", g.nt * D);
-    for (i = 0; i < r->n_inputs; i++)
-        if (r->inputs[i].is_scalar)
-            mf_sb_printf(&out, "  %s s%d;\n", r->inputs[i].dtype == MF_DT_F64 ? "double" : "long long", i);
-    mf_sb_printf(&out, "};\n");
-    mf_sb_printf(&out, "%s", body.buf);
+    emit_source(&out, &g, &body);
     if (out.oom) {
         rc = MF_ENOMEM;
         mf_cg_fail(&g, "out of memory");
@@ -424,8 +469,6 @@ int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out,
 done:
     free(body.buf);
     free(out.buf);
-    free(g.vdtype);
-    free(g.vscalar);
-    free(g.tensor_slot);
+    gen_free(&g);
     return rc;
 }
