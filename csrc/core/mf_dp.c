@@ -165,16 +165,14 @@ static int table_rebuild(mf_ctx *ctx, mf_seg_ws *w, size_t tcap, int32_t nst)
     return MF_OK;
 }
 
-/* Set up the local view of cur[a..b): ops, predecessor masks, the storages
- * the ops touch (bytes, local allocator or -1 if allocated before a, reader
- * masks, "never freed here" when an output or read at a position >= b).
- * *Wout: 64-bit words per bitset. */
-static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
+/* The ops of cur[a..b) in local order, their bytes and bounds, and their
+ * predecessor masks; *ntouch: the storage touches of the ops. */
+static int seg_ops(mf_plan_st *P, int32_t a, int32_t k, int32_t W, int32_t *ntouch)
 {
     mf_ctx *ctx = P->ctx;
     const mf_pg *pg = P->pg;
     mf_seg_ws *w = P->sw;
-    int32_t k = b - a, W = (k + 63) / 64, i, j, nls = 0, nt = 0, ne;
+    int32_t i, j, nt = 0;
     int st;
     if ((st = MF_VEC_RESERVE(ctx, w->ops, (size_t)k, 0)) ||
         (st = MF_VEC_RESERVE(ctx, w->lborder, (size_t)k, 0)) ||
@@ -205,8 +203,18 @@ static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
                 w->pmask.data[(size_t)i * W + (size_t)(l >> 6)] |= (uint64_t)1 << (l & 63);
         }
     }
-    /* local successors (CSR), in local order */
-    ne = 0;
+    *ntouch = nt;
+    return MF_OK;
+}
+
+/* Local successors (CSR), in local order. */
+static int seg_succ(mf_plan_st *P, int32_t k)
+{
+    mf_ctx *ctx = P->ctx;
+    const mf_pg *pg = P->pg;
+    mf_seg_ws *w = P->sw;
+    int32_t i, j, ne = 0;
+    int st;
     for (i = 0; i < k; i++) {
         int32_t v = w->ops.data[i];
         for (j = pg->succ_ptr[v]; j < pg->succ_ptr[v + 1]; j++)
@@ -224,6 +232,19 @@ static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
                 w->lsucc.data[ne++] = w->lmap[pg->succ[j]];
     }
     w->lsptr.data[k] = ne;
+    return MF_OK;
+}
+
+/* The storages the ops touch (nt touches): bytes, local allocator or -1 if
+ * allocated before the range, reader masks, "never freed here" when an
+ * output or read at a position >= b. */
+static int seg_storages(mf_plan_st *P, int32_t b, int32_t k, int32_t W, int32_t nt)
+{
+    mf_ctx *ctx = P->ctx;
+    const mf_pg *pg = P->pg;
+    mf_seg_ws *w = P->sw;
+    int32_t i, j, nls = 0;
+    int st;
     if ((st = MF_VEC_RESERVE(ctx, w->tidx, (size_t)nt + 1, 0)) ||
         (st = MF_VEC_RESERVE(ctx, w->lsalloc, (size_t)nt + 1, 0)) ||
         (st = MF_VEC_RESERVE(ctx, w->lsb, (size_t)nt + 1, 0)) ||
@@ -257,7 +278,16 @@ static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
         }
     }
     w->tptr.data[k] = nt;
-    /* NOTE [piece DP], glue: deferrable ops and the op they are glued to */
+    return MF_OK;
+}
+
+/* NOTE [piece DP], glue: deferrable ops and the op they are glued to. */
+static int seg_glue(mf_plan_st *P, int32_t k, int32_t W)
+{
+    mf_ctx *ctx = P->ctx;
+    mf_seg_ws *w = P->sw;
+    int32_t i;
+    int st;
     if ((st = MF_VEC_RESERVE(ctx, w->gptr, (size_t)k + 1, 0)) ||
         (st = MF_VEC_RESERVE(ctx, w->gidx, (size_t)k + 1, 0)) ||
         (st = MF_VEC_RESERVE(ctx, w->glued, (size_t)k + 1, 0)))
@@ -299,9 +329,17 @@ static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
             w->gidx.data[w->path.data[u]++] = i;
             w->pmask.data[(size_t)u * W + (size_t)(i >> 6)] &= ~((uint64_t)1 << (i & 63));
         }
-    /* ops by lower bound, descending, ties by local index (O(k log k):
-     * large pieces reach the DP, NOTE [DP piece size]) */
-    if ((st = MF_VEC_RESERVE(ctx, w->sortk, (size_t)k * 2, 0)))
+    return MF_OK;
+}
+
+/* Ops by lower bound, descending, ties by local index (O(k log k): large
+ * pieces reach the DP, NOTE [DP piece size]). */
+static int seg_lb_order(mf_plan_st *P, int32_t k)
+{
+    mf_seg_ws *w = P->sw;
+    int32_t i;
+    int st;
+    if ((st = MF_VEC_RESERVE(P->ctx, w->sortk, (size_t)k * 2, 0)))
         return st;
     for (i = 0; i < k; i++) {
         w->sortk.data[i].lb = w->lbv.data[i];
@@ -310,6 +348,20 @@ static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
     lb_sort(w->sortk.data, w->sortk.data + k, k);
     for (i = 0; i < k; i++)
         w->lborder.data[i] = w->sortk.data[i].idx;
+    return MF_OK;
+}
+
+/* Set up the local view of cur[a..b): ops, predecessor masks, the storages
+ * the ops touch (bytes, local allocator or -1 if allocated before a, reader
+ * masks, "never freed here" when an output or read at a position >= b).
+ * *Wout: 64-bit words per bitset. */
+static int seg_setup(mf_plan_st *P, int32_t a, int32_t b, int32_t *Wout)
+{
+    int32_t k = b - a, W = (k + 63) / 64, nt;
+    int st;
+    if ((st = seg_ops(P, a, k, W, &nt)) || (st = seg_succ(P, k)) || (st = seg_storages(P, b, k, W, nt)) ||
+        (st = seg_glue(P, k, W)) || (st = seg_lb_order(P, k)))
+        return st;
     *Wout = W;
     return MF_OK;
 }
