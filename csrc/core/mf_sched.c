@@ -626,9 +626,11 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, mf_seg_ws *sw, const mf_graph_des
     sw->mem_limit = (opt && opt->max_dp_bytes > 0) ? opt->max_dp_bytes : MF_DEFAULT_DP_BYTES;
     plan_budgets(&R);
 
-    if ((st = stage_graph(&R)) || (st = stage_lower_bound(&R)))
+    if ((st = stage_graph(&R)))             /* 0: planning graph */
         return st;
-    stage_heuristics(&R);
+    if ((st = stage_lower_bound(&R)))       /* 1-2: baseline order, lower bound */
+        return st;
+    stage_heuristics(&R);                   /* 3: heuristic orders, upper bound U */
     if ((st = plan_cur_init(&R)))
         return st;
     R.F = R.LB;
@@ -636,17 +638,24 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, mf_seg_ws *sw, const mf_graph_des
         memcpy(R.P.cur, R.hord[R.best_h], sizeof(int32_t) * (size_t)R.n);
         out->method = "lower-bound";
     } else {
-        if ((st = stage_cut_points(&R)))
+        if ((st = stage_cut_points(&R)))    /* 4: cut points, pieces */
             return st;
-        stage_candidates(&R);
-        if ((st = stage_piece_orders(&R)) || (st = stage_piece_dp(&R)) || (st = stage_windows(&R)))
+        stage_candidates(&R);               /* 4: normalized candidates per piece */
+        if ((st = stage_piece_orders(&R)))  /* 4: best candidate or Liu per piece */
+            return st;
+        if ((st = stage_piece_dp(&R)))      /* 5: exact DP per piece */
+            return st;
+        if ((st = stage_windows(&R)))       /* 6: windows past the cap */
             return st;
         out->method = pieces_method(&R);
     }
-    if ((st = stage_result(&R)) || (st = stage_fusion_grouping(&R)) || (st = stage_fusion_moves(&R)) ||
-        (st = stage_collectives(&R)))
+    if ((st = stage_result(&R)))            /* 7: checks, never worse, proof */
         return st;
-    return MF_OK;
+    if ((st = stage_fusion_grouping(&R)))   /* 7: fusion grouping */
+        return st;
+    if ((st = stage_fusion_moves(&R)))      /* 8: fusion-aware moves */
+        return st;
+    return stage_collectives(&R);           /* 9: collective placement */
 }
 
 int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt, mf_plan_result *out)
