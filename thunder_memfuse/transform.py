@@ -89,7 +89,11 @@ class _instance_only:
             return self.fn.__get__(obj, cls)
         cname = getattr(cls, "__name__", "MemFuse")
 
+        fn = self.fn
+
         def class_passed(*args, **kwargs):
+            if args and isinstance(args[0], cls):  # called through the class on an instance (super(), Thunder)
+                return fn(*args, **kwargs)
             raise TypeError(f"thunder.jit(..., transforms=[{cname}]) passes the class {cname}, not a transform: "
                             f"use transforms=[memfuse] (thunder_memfuse.memfuse, the default instance) or "
                             f"transforms=[{cname}(...)] with options")

@@ -321,7 +321,7 @@ static int apply_splits(mf_ctx *ctx, const wgraph *src, const roots *R, const sp
         map[v] = -1;
     /* which readers read which split: split s covers readers k..(next split of r) */
     for (i = 0; i < n_sp; i++) {
-        int32_t r = sp[i].r, lo = sp[i].k, hi = R->rd_ptr[r + 1] - R->rd_ptr[r], q;
+        int32_t r = sp[i].r, lo = sp[i].k, hi = R->rd_ptr[r + 1] - R->rd_ptr[r];
         for (j = 0; j < n_sp; j++)
             if (sp[j].r == r && sp[j].k > lo && sp[j].k < hi)
                 hi = sp[j].k;
