@@ -132,7 +132,7 @@ def test_program_key_ignores_names_but_not_programs():
 
 @needs_compiler
 def test_a_region_that_fails_to_compile_falls_back(monkeypatch):
-    def broken(bsyms, inputs, outputs):
+    def broken(group):
         def call(*args):
             raise RuntimeError("inductor said no")
 
