@@ -547,7 +547,7 @@ def test_backward_frees_saved_activations_not_parameters():
     x = torch.randn(32, 64)
     jm(x).sum().backward()
     fwd = next(t for t in thunder.last_traces(jm) if _is_augmented(t))
-    saved = _thunder.saved_activations(fwd)
+    saved = frozenset(_thunder.saved_storages(fwd))
     params = {p.name for b in fwd.bound_symbols if b.sym.id in _thunder.PROLOGUE_IDS for p in b.flat_proxy_outs}
     assert saved and not (saved & params)
     info = thunder.last_backward_traces(jm)[-1]._memfuse_info
@@ -603,7 +603,7 @@ def test_shared_instance_keeps_each_compilation_s_saved_tensors():
     hook(0, 0), hook(1, 0)  # both forwards first, then both backwards
     interleaved = [hook(0, 1), hook(1, 1)]
     for i, (a, b) in enumerate(zip(alone, interleaved)):
-        saved = _thunder.saved_activations(traces[i][0])
+        saved = frozenset(_thunder.saved_storages(traces[i][0]))
         made = {b["names"][v] for v in b["graph"]["ops"][0][1]}
         assert saved and b["saved_op"] and saved <= made  # its own saved tensors start the backward
         assert b["names"] == a["names"] and b["graph"] == a["graph"] and b["plan"] == a["plan"]

@@ -316,10 +316,4 @@ def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
     return out
 
 
-def saved_activations(forward_trace) -> frozenset:
-    """Names of the tensors an augmented forward saves for backward that are not
-    (views of) its own inputs (the keys of saved_storages)."""
-    return frozenset(saved_storages(forward_trace))
-
-
-__all__ = ["plan_trace", "saved_activations", "saved_storages", "incoming_gradients", "backward_freeable", "is_view", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+__all__ = ["plan_trace", "saved_storages", "incoming_gradients", "backward_freeable", "is_view", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

@@ -436,6 +436,9 @@ def _has_cuda_tensors(bsyms) -> bool:
 
 
 def _trace_name(trace) -> str:
+    """The trace's function name, for messages.  It names the trace in the warning that says why
+    the pass failed, which may be a trace without a signature: then "<trace>", and that warning
+    carries the reason."""
     try:
         return trace.siginfo().name
     except Exception:
