@@ -119,7 +119,7 @@ print(json.dumps(dict(n=len(spec["ops"]), optimal=p.optimal, peak=p.peak_bytes, 
 
 
 def test_huge_max_states_stays_within_the_dp_memory_budget():
-    """max_states=2**62 on a 200-op fork/join: the DP stops at its 256 MiB budget (mf_sched.c NOTE [DP
+    """max_states=2**62 on a 200-op fork/join: the DP stops at its 256 MiB budget (mf_dp.c NOTE [DP
     memory budget]) and the plan says not proven.  Before, this ran to 17 GB and beyond."""
     import json
 

@@ -74,3 +74,13 @@ def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallb
                          "executors away, and the fallback compiles nothing in their place; use "
                          "replace_fusion='auto' or a compiler (kernels='torchcompile')")
     return kernels
+
+
+def check_recompute(recompute):
+    """recompute: "auto", True, False, or a share (a float > 0) of the bytes a trace's ops write."""
+    if recompute in (True, False, "auto"):
+        return recompute
+    if isinstance(recompute, (int, float)) and not isinstance(recompute, bool) and recompute > 0:
+        return float(recompute)
+    raise ValueError(f"MemFuse: recompute must be 'auto', True, False or a share > 0 of the bytes a trace "
+                     f"writes (0.25: the copies may write a quarter of that), got {recompute!r}")

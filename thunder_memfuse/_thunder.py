@@ -193,7 +193,7 @@ def _never_random(pred):
 
 
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None,
-               comm_overlap=True):
+               comm_overlap=True, recompute=0):
     """Run the C trace reader and planner on a list of bound symbols.
 
     freeable: names of prologue tensors the trace frees after their last use
@@ -203,7 +203,10 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
     regions.nvrtc.epilogue_pair; trace.c NOTE [epilogue candidates]).
     comm_overlap: issue collectives early and waits late within the planned
-    peaks (csrc/core/mf_comm.c NOTE [collective overlap])."""
+    peaks (csrc/core/mf_comm.c NOTE [collective overlap]).
+    recompute: the bytes copies of cheap ops may write (csrc/core/mf_remat.c
+    NOTE [recomputation]; 0: none); _recompute.emit turns the result's copies
+    into bound symbols."""
     from ._aliases import aliases
 
     if epilogue_pair is None:
@@ -223,7 +226,15 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
         epilogue_pair=epilogue_pair,
         comm_overlap=comm_overlap,
+        recompute=int(recompute),
+        recomputable=_recompute_pred() if recompute else None,
     )
+
+
+def _recompute_pred():
+    from ._recompute import recomputable
+
+    return recomputable
 
 
 def saved_storages(forward_trace) -> dict:

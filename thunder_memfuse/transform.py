@@ -26,7 +26,7 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _options, _thunder, regions
+from . import _C, _options, _recompute, _thunder, regions
 from ._options import LOG
 from .errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
@@ -133,6 +133,11 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             the graph allows without raising the planned peak (csrc/core/mf_comm.c
             NOTE [collective overlap]); the collectives keep Thunder's order.  False:
             leave them where the memory plan puts them.
+        recompute: "auto" (default) or True: where a cheap op's result is kept alive across the
+            peak, run the op again right before its later readers (csrc/core/mf_remat.c NOTE
+            [recomputation]), if that lowers the planned peak; the copies may write at most a
+            share of what the trace's ops write (thunder_memfuse._recompute.DEFAULT_SHARE).  A
+            float: that share instead.  False: never.
 
     The instance holds these options only.  What it learns about a compilation
     is stored on that compilation's compile data (the forward's saved
@@ -143,7 +148,8 @@ class MemFuse(Transform, metaclass=_MemFuseType):
 
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
                  fuse: bool | str = "auto", replace_fusion: bool | str = "auto", kernels: str = "auto",
-                 comm_overlap: bool = True, _fallback_regions: bool = False):
+                 comm_overlap: bool = True, recompute: bool | str | float = "auto",
+                 _fallback_regions: bool = False):
         super().__init__()
         # _fallback_regions (tests only): form regions with kernels="fallback" and run them op by op
         self.kernels = _options.check_options(kernels=kernels, backend=backend, fuse=fuse,
@@ -154,11 +160,12 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         self.fuse = fuse
         self.replace_fusion = replace_fusion
         self.comm_overlap = comm_overlap
+        self.recompute = _options.check_recompute(recompute)
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, "
                 f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r}, kernels={self.kernels!r}, "
-                f"comm_overlap={self.comm_overlap!r})")
+                f"comm_overlap={self.comm_overlap!r}, recompute={self.recompute!r})")
 
     # Thunder's hooks ----------------------------------------------------------------
     @_instance_only
@@ -253,7 +260,9 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms, compiler),
                                   freeable=freeable, fusible=self._fusible_for(bsyms),
                                   epilogue_pair=comp.epilogue_pair,
-                                  comm_overlap=self.comm_overlap)
+                                  comm_overlap=self.comm_overlap,
+                                  recompute=_recompute.budget_bytes(bsyms, self.recompute))
+        res = _recompute.emit(res, trace)
         plan = res["plan"]
         if plan["peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")
@@ -283,6 +292,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             "time_ms": elapsed_ms,
             "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
             "kernels": compiler,
+            "recompute": res.get("recompute"),
         }
         return new_trace
 

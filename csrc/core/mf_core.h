@@ -209,6 +209,40 @@ int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt,
             mf_plan_result *out);
 void mf_plan_result_free(mf_ctx *ctx, mf_plan_result *r);
 
+/* NOTE [recomputation] (mf_remat.c): copies of cheap ops run again right
+ * before later readers, so what they produce need not stay alive in between.
+ * cheap[k] (n_ops): op k may be copied (the caller vouches that a copy
+ * computes the same values wherever it runs).  order: a valid order of g
+ * (the plan's).  budget_bytes: the most the copies may write in all (<= 0: no
+ * copies).  The result is g with the copies, its ops renumbered so that the
+ * searched order is 0..n_ops-1: origin[k] is the op of g that op k is or
+ * copies, value_origin[v] the value of g that v is or copies (values of g
+ * keep their ids; new ones follow).  peak_bytes is the unfused peak of that
+ * order, start_peak_bytes the same for `order` on g.  n_splits == 0: no copy
+ * helped.  Free with mf_remat_result_free. */
+typedef struct mf_remat_options {
+    int64_t budget_bytes;
+    int32_t max_rounds;  /* greedy rounds; <= 0: the default */
+} mf_remat_options;
+
+typedef struct mf_remat_result {
+    int32_t n_ops, n_values, n_after;
+    int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *after;
+    int64_t *value_bytes;
+    int32_t *alias_of, *epilogue_of, *origin, *value_origin;
+    uint8_t *is_input, *is_output, *fusible, *comm;
+    int32_t n_splits;        /* copies made (one per split; views copied with them not counted) */
+    int64_t copied_bytes;    /* bytes the split copies write */
+    int64_t peak_bytes, start_peak_bytes;
+    void *arena_;            /* owns every array above */
+} mf_remat_result;
+
+int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, const int32_t *order,
+                 const mf_remat_options *opt, mf_remat_result *out);
+void mf_remat_result_free(mf_ctx *ctx, mf_remat_result *r);
+/* The result as a graph description (its arrays, not copies). */
+void mf_remat_result_desc(const mf_remat_result *r, mf_graph_desc *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,6 +43,23 @@ int mf_grow(mf_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem, int ke
  * (size_t)-1 when that would overflow. */
 size_t mf_grow_cap(size_t cap, size_t need, size_t elem);
 
+/* A growable buffer of T: data, len (elements in use, where the owner keeps
+ * a count), cap (elements allocated).  Start zeroed; grown through mf_grow,
+ * so through the ctx allocator, capacity doubling from 64 with overflow
+ * checks.  MF_VEC_RESERVE(ctx, v, need, keep): at least need elements
+ * (contents kept when keep), a status; MF_VEC_CAP_FOR(v, need): the
+ * capacity that would give, without allocating ((size_t)-1 on overflow);
+ * MF_VEC_FREE(ctx, v): release and zero. */
+#define MF_VEC(T)                                                                                       \
+    struct {                                                                                            \
+        T *data;                                                                                        \
+        size_t len, cap;                                                                                \
+    }
+#define MF_VEC_RESERVE(ctx, v, need, keep)                                                             \
+    mf_grow((ctx), (void **)&(v).data, &(v).cap, (need), sizeof *(v).data, (keep))
+#define MF_VEC_CAP_FOR(v, need) mf_grow_cap((v).cap, (need), sizeof *(v).data)
+#define MF_VEC_FREE(ctx, v) (mf_free((ctx), (v).data), (v).data = NULL, (v).len = 0, (v).cap = 0)
+
 /* NOTE [cancel] (mf_core.h): MF_ECANCEL with a message when ctx->cancel
  * asks to stop, else MF_OK. */
 int mf_poll(mf_ctx *ctx);

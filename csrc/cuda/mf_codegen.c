@@ -1,6 +1,9 @@
 /*
  * mf_codegen.c -- generate ONE self-contained CUDA C kernel for a fused region
- * of elementwise operations.
+ * of elementwise operations: checking the region, then assembling the kernel
+ * (parameters, index arithmetic, loads, the instructions of
+ * mf_codegen_expr.c, stores, the helpers they use).  Tables:
+ * mf_codegen_types.c.
  *
  * NOTE [region format]
  * The Python side (thunder_memfuse/regions/nvrtc/lowering.py) lowers Thunder's bound symbols
@@ -65,224 +68,14 @@
  * when numel, every extent and every tensor's largest element offset are below
  * 2^31, so i + grid stride never wraps.  index64 = 1 uses unsigned 64-bit.
  */
-#include "mf_codegen.h"
+#include "mf_codegen_internal.h"
 #include "mf_cuda.h"
 
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- tables ----------------------------------------------------------------- */
-
-typedef struct dtype_desc {
-    const char *name;
-    const char *ctype;     /* compute type */
-    const char *stype;     /* storage type */
-    int category;          /* 0 bool, 1 integer, 2 floating */
-} dtype_desc;
-
-static const dtype_desc g_dtypes[MF_DT_COUNT] = {
-    {"bool", "bool", "unsigned char", 0},
-    {"uint8", "unsigned char", "unsigned char", 1},
-    {"int8", "signed char", "signed char", 1},
-    {"int16", "short", "short", 1},
-    {"int32", "int", "int", 1},
-    {"int64", "long long", "long long", 1},
-    {"float16", "float", "unsigned short", 2},
-    {"bfloat16", "float", "unsigned short", 2},
-    {"float32", "float", "float", 2},
-    {"float64", "double", "double", 2},
-};
-
-enum {
-    K_CONST,
-    K_MATH1,    /* float-only unary math: f32/f64 function names */
-    K_ROUND1,   /* floor/ceil/trunc/round: identity on integers */
-    K_ABS,
-    K_NEG,
-    K_SIGN,
-    K_SIGNBIT,
-    K_ISFINITE,
-    K_BNOT,
-    K_RECIP,
-    K_LNOT,
-    K_CONVERT,
-    K_ARITH2,   /* add sub mul div: f32 holds the C operator */
-    K_MATH2,    /* fmod pow atan2 nextafter remainder */
-    K_MAXMIN,
-    K_BIT2,     /* bitwise and/or/xor, shifts: f32 holds the operator */
-    K_CMP,      /* f32 holds the operator */
-    K_LOGIC2,   /* logical and/or/xor: f32 holds the operator */
-    K_WHERE,
-    K_LERP
-};
-
-typedef struct op_desc {
-    const char *name;
-    int arity;
-    int kind;
-    const char *f32;   /* float function / operator */
-    const char *f64;   /* double function */
-} op_desc;
-
-/* Names follow thunder.core.prims (PrimIDs lower-cased) where a prim exists. */
-static const op_desc g_ops[] = {
-    {"const", 0, K_CONST, NULL, NULL},
-    /* unary math (float results) */
-    {"exp", 1, K_MATH1, "expf", "exp"},
-    {"exp2", 1, K_MATH1, "exp2f", "exp2"},
-    {"expm1", 1, K_MATH1, "expm1f", "expm1"},
-    {"log", 1, K_MATH1, "logf", "log"},
-    {"log1p", 1, K_MATH1, "log1pf", "log1p"},
-    {"log2", 1, K_MATH1, "log2f", "log2"},
-    {"log10", 1, K_MATH1, "log10f", "log10"},
-    {"sqrt", 1, K_MATH1, "sqrtf", "sqrt"},
-    {"rsqrt", 1, K_MATH1, "rsqrtf", "rsqrt"},
-    {"sin", 1, K_MATH1, "sinf", "sin"},
-    {"cos", 1, K_MATH1, "cosf", "cos"},
-    {"tan", 1, K_MATH1, "tanf", "tan"},
-    {"sinh", 1, K_MATH1, "sinhf", "sinh"},
-    {"cosh", 1, K_MATH1, "coshf", "cosh"},
-    {"tanh", 1, K_MATH1, "tanhf", "tanh"},
-    {"asin", 1, K_MATH1, "asinf", "asin"},
-    {"acos", 1, K_MATH1, "acosf", "acos"},
-    {"atan", 1, K_MATH1, "atanf", "atan"},
-    {"asinh", 1, K_MATH1, "asinhf", "asinh"},
-    {"acosh", 1, K_MATH1, "acoshf", "acosh"},
-    {"atanh", 1, K_MATH1, "atanhf", "atanh"},
-    {"erf", 1, K_MATH1, "erff", "erf"},
-    {"erfc", 1, K_MATH1, "erfcf", "erfc"},
-    {"erfinv", 1, K_MATH1, "erfinvf", "erfinv"},
-    {"erfcinv", 1, K_MATH1, "erfcinvf", "erfcinv"},
-    {"lgamma", 1, K_MATH1, "lgammaf", "lgamma"},
-    {"ndtri", 1, K_MATH1, "normcdfinvf", "normcdfinv"},
-    {"floor", 1, K_ROUND1, "floorf", "floor"},
-    {"ceil", 1, K_ROUND1, "ceilf", "ceil"},
-    {"trunc", 1, K_ROUND1, "truncf", "trunc"},
-    {"round", 1, K_ROUND1, "rintf", "rint"}, /* half to even, like torch.round */
-    {"abs", 1, K_ABS, "fabsf", "fabs"},
-    {"neg", 1, K_NEG, NULL, NULL},
-    {"sign", 1, K_SIGN, NULL, NULL},
-    {"signbit", 1, K_SIGNBIT, NULL, NULL},
-    {"isfinite", 1, K_ISFINITE, NULL, NULL},
-    {"bitwise_not", 1, K_BNOT, NULL, NULL},
-    {"reciprocal", 1, K_RECIP, NULL, NULL},
-    {"logical_not", 1, K_LNOT, NULL, NULL},
-    {"convert_element_type", 1, K_CONVERT, NULL, NULL},
-    /* binary */
-    {"add", 2, K_ARITH2, "+", NULL},
-    {"sub", 2, K_ARITH2, "-", NULL},
-    {"mul", 2, K_ARITH2, "*", NULL},
-    {"div", 2, K_ARITH2, "/", NULL}, /* integers: truncation, like prims.div */
-    {"fmod", 2, K_MATH2, "fmodf", "fmod"},
-    {"remainder", 2, K_MATH2, "mf_rem_f", "mf_rem_d"},
-    {"pow", 2, K_MATH2, "powf", "pow"},
-    {"atan2", 2, K_MATH2, "atan2f", "atan2"},
-    {"nextafter", 2, K_MATH2, "nextafterf", "nextafter"},
-    {"maximum", 2, K_MAXMIN, "mf_max", NULL},
-    {"minimum", 2, K_MAXMIN, "mf_min", NULL},
-    {"bitwise_and", 2, K_BIT2, "&", NULL},
-    {"bitwise_or", 2, K_BIT2, "|", NULL},
-    {"bitwise_xor", 2, K_BIT2, "^", NULL},
-    {"bitwise_left_shift", 2, K_BIT2, "<<", NULL},
-    {"bitwise_right_shift", 2, K_BIT2, ">>", NULL},
-    {"eq", 2, K_CMP, "==", NULL},
-    {"ne", 2, K_CMP, "!=", NULL},
-    {"lt", 2, K_CMP, "<", NULL},
-    {"le", 2, K_CMP, "<=", NULL},
-    {"gt", 2, K_CMP, ">", NULL},
-    {"ge", 2, K_CMP, ">=", NULL},
-    {"logical_and", 2, K_LOGIC2, "&&", NULL},
-    {"logical_or", 2, K_LOGIC2, "||", NULL},
-    {"logical_xor", 2, K_LOGIC2, "!=", NULL},
-    /* ternary */
-    {"where", 3, K_WHERE, NULL, NULL},
-    {"lerp", 3, K_LERP, NULL, NULL},
-};
-
-#define N_OPS ((int)(sizeof g_ops / sizeof g_ops[0]))
-
-int mf_codegen_op_count(void) { return N_OPS; }
-
-int mf_codegen_op_id(const char *name)
-{
-    int i;
-    for (i = 0; i < N_OPS; i++)
-        if (strcmp(g_ops[i].name, name) == 0)
-            return i;
-    return -1;
-}
-
-const char *mf_codegen_op_name(int op) { return op >= 0 && op < N_OPS ? g_ops[op].name : NULL; }
-int mf_codegen_op_arity(int op) { return op >= 0 && op < N_OPS ? g_ops[op].arity : -1; }
-
-int mf_codegen_dtype_id(const char *name)
-{
-    int i;
-    for (i = 0; i < MF_DT_COUNT; i++)
-        if (strcmp(g_dtypes[i].name, name) == 0)
-            return i;
-    return -1;
-}
-
-const char *mf_codegen_dtype_name(int dt) { return dt >= 0 && dt < MF_DT_COUNT ? g_dtypes[dt].name : NULL; }
-
-/* ---- string builder ------------------------------------------------------ */
-
-typedef struct sb {
-    char *buf;
-    size_t len, cap;
-    int oom;
-} sb;
-
-static void sb_printf(sb *s, const char *fmt, ...)
-{
-    va_list ap;
-    int need;
-    if (s->oom)
-        return;
-    for (;;) {
-        size_t room = s->cap - s->len;
-        va_start(ap, fmt);
-        need = vsnprintf(s->buf ? s->buf + s->len : NULL, s->buf ? room : 0, fmt, ap);
-        va_end(ap);
-        if (need < 0) {
-            s->oom = 1;
-            return;
-        }
-        if (s->buf && (size_t)need < room) {
-            s->len += (size_t)need;
-            return;
-        }
-        {
-            size_t cap = s->cap ? s->cap : 4096;
-            char *grown;
-            while (cap < s->len + (size_t)need + 1)
-                cap *= 2;
-            grown = (char *)realloc(s->buf, cap);
-            if (!grown) {
-                s->oom = 1;
-                return;
-            }
-            s->buf = grown;
-            s->cap = cap;
-        }
-    }
-}
-
 /* ---- helpers emitted into the kernel ------------------------------------- */
-
-enum {
-    H_F16 = 1 << 0,
-    H_BF16 = 1 << 1,
-    H_REM = 1 << 2,
-    H_IREM = 1 << 3,
-    H_IPOW = 1 << 4,
-    H_MAXMIN = 1 << 5,
-    H_LERP = 1 << 6
-};
 
 static const char HELP_F16[] =
     "/* float16 <-> float by bit operations (round to nearest even). */\n"
@@ -385,378 +178,45 @@ static const char HELP_LERP[] =
     "  return (w < (T)0.5) ? s + w * (e - s) : e - (e - s) * ((T)1 - w);\n"
     "}\n";
 
-/* ---- emission ------------------------------------------------------------- */
+/* ---- kernel assembly ------------------------------------------------------ */
 
-typedef struct gen {
-    const mf_codegen_region *r;
-    int *vdtype;        /* dtype of each value */
-    int *vscalar;       /* value is a scalar (input scalar or const) */
-    int *tensor_slot;   /* input id -> operand slot (tensor inputs), -1 otherwise */
-    int n_values;
-    int n_tensor_inputs;
-    int nt;             /* tensor operands: tensor inputs + outputs */
-    unsigned helpers;
-    mf_cuda_ctx *ctx;   /* messages of bad regions (NOTE [cuda errors]) */
-} gen;
-
-static int fail(gen *g, const char *fmt, ...)
-{
-    va_list ap;
-    if (g->ctx) {
-        va_start(ap, fmt);
-        vsnprintf(g->ctx->err, sizeof g->ctx->err, fmt, ap);
-        va_end(ap);
-    }
-    return MF_EINVAL;
-}
-
-static int is16(int dt) { return dt == MF_DT_F16 || dt == MF_DT_BF16; }
-static int cat(int dt) { return g_dtypes[dt].category; }
-
-/* Widest (for promotion of tensor-tensor comparisons): rank in this order. */
-static int rank(int dt)
-{
-    static const int order[MF_DT_COUNT] = {0, 1, 1, 2, 3, 4, 5, 5, 6, 7};
-    return order[dt];
-}
-
-/* "vN" converted to the compute type of dt. */
-static void cast_to(sb *s, gen *g, int v, int dt)
-{
-    int from = g->vdtype[v];
-    const char *ct = g_dtypes[dt].ctype;
-    if (strcmp(g_dtypes[from].ctype, ct) == 0)
-        sb_printf(s, "v%d", v);
-    else if (dt == MF_DT_BOOL)
-        sb_printf(s, "(v%d != 0)", v);
-    else
-        sb_printf(s, "((%s)v%d)", ct, v);
-}
-
-/* Compute dtype of a comparison (NOTE [compute types]). */
-static int compare_dtype(gen *g, const mf_codegen_instr *in)
-{
-    int i, best_t = -1, best_s = -1;
-    for (i = 0; i < in->nargs; i++) {
-        int dt = g->vdtype[in->args[i]];
-        if (g->vscalar[in->args[i]]) {
-            if (best_s < 0 || cat(dt) > cat(best_s))
-                best_s = dt;
-        } else if (best_t < 0 || cat(dt) > cat(best_t) ||
-                   (cat(dt) == cat(best_t) && rank(dt) > rank(best_t))) {
-            best_t = dt;
-        }
-    }
-    if (best_t < 0)
-        return best_s;
-    if (best_s >= 0 && cat(best_s) > cat(best_t))
-        return cat(best_s) == 2 ? MF_DT_F32 : MF_DT_I64;
-    return best_t;
-}
-
-static void emit_double(sb *s, double x)
-{
-    if (x != x)
-        sb_printf(s, "__longlong_as_double(0x7ff8000000000000LL)");
-    else if (isinf(x))
-        sb_printf(s, "__longlong_as_double(%s)", x > 0 ? "0x7ff0000000000000LL" : "(long long)0xfff0000000000000ULL");
-    else {
-        char tmp[64];
-        snprintf(tmp, sizeof tmp, "%.17g", x);
-        if (!strpbrk(tmp, ".eE"))
-            strcat(tmp, ".0");
-        sb_printf(s, "%s", tmp);
-    }
-}
-
-static void emit_int(sb *s, int64_t x)
-{
-    if (x == INT64_MIN)
-        sb_printf(s, "(-9223372036854775807LL - 1LL)");
-    else
-        sb_printf(s, "%lldLL", (long long)x);
-}
-
-/* "(<cast>)(a <op> b)", or "(a <op> b)" when cast is NULL; both operands
- * converted to the compute type of dt. */
-static void emit_infix(sb *s, gen *g, const char *cast, int a, const char *op, int b, int dt)
-{
-    if (cast)
-        sb_printf(s, "(%s)", cast);
-    sb_printf(s, "(");
-    cast_to(s, g, a, dt);
-    sb_printf(s, " %s ", op);
-    cast_to(s, g, b, dt);
-    sb_printf(s, ")");
-}
-
-/* "fn(args)", or "fn<targ>(args)" when targ is not NULL: every argument of
- * the instruction, comma separated, converted to the compute type of dt. */
-static void emit_call(sb *s, gen *g, const char *fn, const char *targ, const mf_codegen_instr *in, int dt)
-{
-    int j;
-    if (targ)
-        sb_printf(s, "%s<%s>(", fn, targ);
-    else
-        sb_printf(s, "%s(", fn);
-    for (j = 0; j < in->nargs; j++) {
-        if (j > 0)
-            sb_printf(s, ", ");
-        cast_to(s, g, in->args[j], dt);
-    }
-    sb_printf(s, ")");
-}
-
-/* Emit "const <ctype> vN = <expr>;" for instruction i. */
-static int emit_instr(sb *s, gen *g, int i)
-{
-    const mf_codegen_instr *in = &g->r->instrs[i];
-    const op_desc *op = &g_ops[in->op];
-    int v = g->r->n_inputs + i;
-    int dt = in->dtype;
-    int c = cat(dt);
-    const char *ct = g_dtypes[dt].ctype;
-    int a0 = in->nargs > 0 ? in->args[0] : -1;
-    int a1 = in->nargs > 1 ? in->args[1] : -1;
-    int a2 = in->nargs > 2 ? in->args[2] : -1;
-    int round16 = is16(dt) && op->kind != K_CONST;
-    int adt;
-
-    sb_printf(s, "    const %s v%d = ", ct, v);
-    if (round16)
-        sb_printf(s, "%s(", dt == MF_DT_F16 ? "mf_rh" : "mf_rbf");
-
-    switch (op->kind) {
-    case K_CONST:
-        if (in->const_kind == 2) {
-            sb_printf(s, "%s", in->iconst ? "true" : "false");
-            if (dt != MF_DT_BOOL)
-                return fail(g, "const #%d: bool literal with dtype %s", i, g_dtypes[dt].name);
-        } else if (in->const_kind == 1) {
-            if (c != 2)
-                return fail(g, "const #%d: float literal with dtype %s", i, g_dtypes[dt].name);
-            if (dt == MF_DT_F64)
-                emit_double(s, in->fconst);
-            else {
-                /* Round the literal to its own dtype once, on the device. */
-                sb_printf(s, "%s((float)", dt == MF_DT_F16 ? "mf_rh" : dt == MF_DT_BF16 ? "mf_rbf" : "");
-                emit_double(s, in->fconst);
-                sb_printf(s, ")");
-                if (is16(dt))
-                    g->helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
-            }
-        } else {
-            if (c == 0) {
-                sb_printf(s, "%s", in->iconst ? "true" : "false");
-            } else {
-                if (is16(dt)) {
-                    sb_printf(s, "%s(", dt == MF_DT_F16 ? "mf_rh" : "mf_rbf");
-                    g->helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
-                }
-                sb_printf(s, "(%s)", ct);
-                emit_int(s, in->iconst);
-                if (is16(dt))
-                    sb_printf(s, ")");
-            }
-        }
-        break;
-    case K_MATH1:
-        if (c != 2)
-            return fail(g, "%s #%d: result dtype %s is not floating", op->name, i, g_dtypes[dt].name);
-        emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
-        break;
-    case K_ROUND1:
-        if (c == 2) {
-            emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
-        } else {
-            cast_to(s, g, a0, dt);
-        }
-        break;
-    case K_ABS:
-        if (c == 2) {
-            emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
-        } else if (c == 1) {
-            sb_printf(s, "(%s)(v%d < 0 ? -v%d : v%d)", ct, a0, a0, a0);
-        } else {
-            cast_to(s, g, a0, dt);
-        }
-        break;
-    case K_NEG:
-        if (c == 0)
-            return fail(g, "neg #%d: bool result", i);
-        sb_printf(s, "(%s)(-", ct);
-        cast_to(s, g, a0, dt);
-        sb_printf(s, ")");
-        break;
-    case K_SIGN:
-        if (c == 0) {
-            cast_to(s, g, a0, dt);
-        } else {
-            sb_printf(s, "(%s)((", ct);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, " > 0) - (");
-            cast_to(s, g, a0, dt);
-            sb_printf(s, " < 0))");
-        }
-        break;
-    case K_SIGNBIT:
-        adt = g->vdtype[a0];
-        if (cat(adt) == 2)
-            sb_printf(s, adt == MF_DT_F64 ? "(%s)(__double_as_longlong(v%d) < 0)" : "(%s)(__float_as_int(v%d) < 0)", ct, a0);
-        else if (cat(adt) == 1)
-            sb_printf(s, "(%s)(v%d < 0)", ct, a0);
-        else
-            sb_printf(s, "(%s)false", ct);
-        break;
-    case K_ISFINITE:
-        adt = g->vdtype[a0];
-        if (cat(adt) == 2)
-            sb_printf(s, "(%s)isfinite(v%d)", ct, a0);
-        else
-            sb_printf(s, "(%s)true", ct);
-        break;
-    case K_BNOT:
-        if (c == 0) {
-            sb_printf(s, "!");
-            cast_to(s, g, a0, dt);
-        } else if (c == 1) {
-            sb_printf(s, "(%s)(~", ct);
-            cast_to(s, g, a0, dt);
-            sb_printf(s, ")");
-        } else {
-            return fail(g, "bitwise_not #%d: floating result", i);
-        }
-        break;
-    case K_RECIP:
-        if (c != 2)
-            return fail(g, "reciprocal #%d: result dtype %s is not floating", i, g_dtypes[dt].name);
-        sb_printf(s, "(%s / ", dt == MF_DT_F64 ? "1.0" : "1.0f");
-        cast_to(s, g, a0, dt);
-        sb_printf(s, ")");
-        break;
-    case K_LNOT:
-        sb_printf(s, "(%s)!", ct);
-        cast_to(s, g, a0, MF_DT_BOOL);
-        break;
-    case K_CONVERT:
-        cast_to(s, g, a0, dt);
-        break;
-    case K_ARITH2:
-        if (c == 0) {
-            /* PyTorch on bool: add == or, mul == and; it rejects sub, and div
-             * of bools yields a float. */
-            const char *bop = op->f32[0] == '+' ? "||" : op->f32[0] == '*' ? "&&" : NULL;
-            if (!bop)
-                return fail(g, "%s #%d: bool result", op->name, i);
-            emit_infix(s, g, "bool", a0, bop, a1, MF_DT_BOOL);
-            break;
-        }
-        emit_infix(s, g, ct, a0, op->f32, a1, dt);
-        break;
-    case K_MATH2:
-        if (c == 2) {
-            if (strcmp(op->name, "remainder") == 0)
-                g->helpers |= H_REM;
-            emit_call(s, g, dt == MF_DT_F64 ? op->f64 : op->f32, NULL, in, dt);
-        } else if (c == 1 && strcmp(op->name, "fmod") == 0) {
-            emit_infix(s, g, ct, a0, "%", a1, dt);
-        } else if (c == 1 && (strcmp(op->name, "remainder") == 0 || strcmp(op->name, "pow") == 0)) {
-            int isrem = op->name[0] == 'r';
-            g->helpers |= isrem ? H_IREM : H_IPOW;
-            emit_call(s, g, isrem ? "mf_irem" : "mf_ipow", ct, in, dt);
-        } else {
-            return fail(g, "%s #%d: unsupported result dtype %s", op->name, i, g_dtypes[dt].name);
-        }
-        break;
-    case K_MAXMIN:
-        if (c == 0) {
-            emit_infix(s, g, NULL, a0, strcmp(op->f32, "mf_max") == 0 ? "||" : "&&", a1, MF_DT_BOOL);
-            break;
-        }
-        g->helpers |= H_MAXMIN;
-        emit_call(s, g, op->f32, ct, in, dt);
-        break;
-    case K_BIT2:
-        if (c == 2)
-            return fail(g, "%s #%d: floating result", op->name, i);
-        if (c == 0) {
-            const char *bop = op->f32[0] == '&' ? "&&" : op->f32[0] == '|' ? "||" : op->f32[0] == '^' ? "!=" : NULL;
-            if (!bop)
-                return fail(g, "%s #%d: bool operands", op->name, i);
-            emit_infix(s, g, NULL, a0, bop, a1, MF_DT_BOOL);
-            break;
-        }
-        emit_infix(s, g, ct, a0, op->f32, a1, dt);
-        break;
-    case K_CMP:
-        emit_infix(s, g, ct, a0, op->f32, a1, compare_dtype(g, in));
-        break;
-    case K_LOGIC2:
-        emit_infix(s, g, ct, a0, op->f32, a1, MF_DT_BOOL);
-        break;
-    case K_WHERE:
-        sb_printf(s, "(");
-        cast_to(s, g, a0, MF_DT_BOOL);
-        sb_printf(s, " ? ");
-        cast_to(s, g, a1, dt);
-        sb_printf(s, " : ");
-        cast_to(s, g, a2, dt);
-        sb_printf(s, ")");
-        break;
-    case K_LERP:
-        if (c != 2)
-            return fail(g, "lerp #%d: result dtype %s is not floating", i, g_dtypes[dt].name);
-        g->helpers |= H_LERP;
-        emit_call(s, g, "mf_lerp", ct, in, dt);
-        break;
-    default:
-        return fail(g, "internal: op kind %d", op->kind);
-    }
-    if (round16) {
-        sb_printf(s, ")");
-        g->helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
-    }
-    sb_printf(s, ";\n");
-    return MF_OK;
-}
-
-static int validate(gen *g)
+static int validate(mf_cg_gen *g)
 {
     const mf_codegen_region *r = g->r;
     int i, j;
     if (r->n_inputs < 0 || r->n_instrs < 0 || r->n_outputs < 1)
-        return fail(g, "region needs at least one output");
+        return mf_cg_fail(g, "region needs at least one output");
     if (r->ndim < 1 || r->ndim > MF_CODEGEN_MAX_DIMS)
-        return fail(g, "ndim %d out of range 1..%d", r->ndim, MF_CODEGEN_MAX_DIMS);
+        return mf_cg_fail(g, "ndim %d out of range 1..%d", r->ndim, MF_CODEGEN_MAX_DIMS);
     for (i = 0; i < r->n_inputs; i++) {
         int dt = r->inputs[i].dtype;
         if (dt < 0 || dt >= MF_DT_COUNT)
-            return fail(g, "input %d: bad dtype %d", i, dt);
+            return mf_cg_fail(g, "input %d: bad dtype %d", i, dt);
         if (r->inputs[i].is_scalar && dt != MF_DT_BOOL && dt != MF_DT_I64 && dt != MF_DT_F64)
-            return fail(g, "scalar input %d must be bool, int64 or float64, not %s", i,
-                        g_dtypes[dt].name);
+            return mf_cg_fail(g, "scalar input %d must be bool, int64 or float64, not %s", i,
+                        mf_cg_dtypes[dt].name);
     }
     for (i = 0; i < r->n_instrs; i++) {
         const mf_codegen_instr *in = &r->instrs[i];
         int v = r->n_inputs + i;
-        if (in->op < 0 || in->op >= N_OPS)
-            return fail(g, "instr %d: unknown op %d", i, in->op);
-        if (in->nargs != g_ops[in->op].arity)
-            return fail(g, "instr %d (%s): %d arguments, expected %d", i, g_ops[in->op].name,
-                        in->nargs, g_ops[in->op].arity);
+        if (in->op < 0 || in->op >= mf_cg_n_ops)
+            return mf_cg_fail(g, "instr %d: unknown op %d", i, in->op);
+        if (in->nargs != mf_cg_ops[in->op].arity)
+            return mf_cg_fail(g, "instr %d (%s): %d arguments, expected %d", i, mf_cg_ops[in->op].name,
+                        in->nargs, mf_cg_ops[in->op].arity);
         if (in->dtype < 0 || in->dtype >= MF_DT_COUNT)
-            return fail(g, "instr %d (%s): bad dtype %d", i, g_ops[in->op].name, in->dtype);
+            return mf_cg_fail(g, "instr %d (%s): bad dtype %d", i, mf_cg_ops[in->op].name, in->dtype);
         for (j = 0; j < in->nargs; j++)
             if (in->args[j] < 0 || in->args[j] >= v)
-                return fail(g, "instr %d (%s): argument %d refers to value %d, not defined before",
-                            i, g_ops[in->op].name, j, in->args[j]);
+                return mf_cg_fail(g, "instr %d (%s): argument %d refers to value %d, not defined before",
+                            i, mf_cg_ops[in->op].name, j, in->args[j]);
     }
     for (i = 0; i < r->n_outputs; i++)
         if (r->outputs[i].value < 0 || r->outputs[i].value >= g->n_values)
-            return fail(g, "output %d refers to value %d of %d", i, r->outputs[i].value,
+            return mf_cg_fail(g, "output %d refers to value %d of %d", i, r->outputs[i].value,
                         g->n_values);
     if (mf_codegen_param_bytes(r) > MF_CODEGEN_MAX_PARAM_BYTES)
-        return fail(g, "kernel parameters need %zu bytes (> %d): too many operands or dims",
+        return mf_cg_fail(g, "kernel parameters need %zu bytes (> %d): too many operands or dims",
                     mf_codegen_param_bytes(r), MF_CODEGEN_MAX_PARAM_BYTES);
     return MF_OK;
 }
@@ -784,178 +244,223 @@ static const char *load_expr(int dt)
     }
 }
 
-int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, mf_cuda_ctx *ctx)
+/* Per-value dtypes and scalar flags, tensor input slots (after validate). */
+static int gen_init(mf_cg_gen *g, const mf_codegen_region *r, mf_cuda_ctx *ctx)
 {
-    gen g;
-    sb body = {NULL, 0, 0, 0}, out = {NULL, 0, 0, 0};
-    int i, d, rc = MF_OK, slot;
-    const int D = r->ndim;
-    const int strided = !r->contiguous;
-    const char *idx = r->index64 ? "unsigned long long" : "unsigned int";
-    char off[32];
-
-    *src_out = NULL;
-    *len_out = 0;
-    memset(&g, 0, sizeof g);
-    g.r = r;
-    g.ctx = ctx;
-    g.n_values = r->n_inputs + r->n_instrs;
-    g.vdtype = (int *)calloc((size_t)g.n_values + 1, sizeof(int));
-    g.vscalar = (int *)calloc((size_t)g.n_values + 1, sizeof(int));
-    g.tensor_slot = (int *)calloc((size_t)r->n_inputs + 1, sizeof(int));
-    if (!g.vdtype || !g.vscalar || !g.tensor_slot) {
-        rc = fail(&g, "out of memory");
-        rc = MF_ENOMEM;
-        goto done;
+    int i;
+    memset(g, 0, sizeof *g);
+    g->r = r;
+    g->ctx = ctx;
+    g->n_values = r->n_inputs + r->n_instrs;
+    g->vdtype = (int *)calloc((size_t)g->n_values + 1, sizeof(int));
+    g->vscalar = (int *)calloc((size_t)g->n_values + 1, sizeof(int));
+    g->tensor_slot = (int *)calloc((size_t)r->n_inputs + 1, sizeof(int));
+    if (!g->vdtype || !g->vscalar || !g->tensor_slot) {
+        mf_cg_fail(g, "out of memory");
+        return MF_ENOMEM;
     }
-    rc = validate(&g);
-    if (rc != MF_OK)
-        goto done;
+    if ((i = validate(g)) != MF_OK)
+        return i;
     for (i = 0; i < r->n_inputs; i++) {
-        g.vdtype[i] = r->inputs[i].dtype;
-        g.vscalar[i] = r->inputs[i].is_scalar;
-        g.tensor_slot[i] = r->inputs[i].is_scalar ? -1 : g.n_tensor_inputs++;
+        g->vdtype[i] = r->inputs[i].dtype;
+        g->vscalar[i] = r->inputs[i].is_scalar;
+        g->tensor_slot[i] = r->inputs[i].is_scalar ? -1 : g->n_tensor_inputs++;
     }
     for (i = 0; i < r->n_instrs; i++) {
-        g.vdtype[r->n_inputs + i] = r->instrs[i].dtype;
-        g.vscalar[r->n_inputs + i] = g_ops[r->instrs[i].op].kind == K_CONST;
+        g->vdtype[r->n_inputs + i] = r->instrs[i].dtype;
+        g->vscalar[r->n_inputs + i] = mf_cg_ops[r->instrs[i].op].kind == K_CONST;
     }
-    g.nt = g.n_tensor_inputs + r->n_outputs;
+    g->nt = g->n_tensor_inputs + r->n_outputs;
+    return MF_OK;
+}
 
-    /* ---- kernel body (emitted first: it decides which helpers are used) */
-    sb_printf(&body, "extern \"C\" __global__ void __launch_bounds__(MF_BLOCK) %s(const MfParams P) {\n",
-              MF_CODEGEN_KERNEL_NAME);
-    sb_printf(&body, "  typedef %s mf_idx;\n", idx);
-    sb_printf(&body, "  const mf_idx n = (mf_idx)P.numel;\n");
-    sb_printf(&body, "  const mf_idx step = (mf_idx)gridDim.x * (mf_idx)blockDim.x;\n");
+static void gen_free(mf_cg_gen *g)
+{
+    free(g->vdtype);
+    free(g->vscalar);
+    free(g->tensor_slot);
+}
+
+/* The kernel's signature, the operand pointers, sizes and strides. */
+static void emit_prologue(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    const int D = r->ndim;
+    int i, d, slot;
+    mf_sb_printf(body, "extern \"C\" __global__ void __launch_bounds__(MF_BLOCK) %s(const MfParams P) {\n",
+                 MF_CODEGEN_KERNEL_NAME);
+    mf_sb_printf(body, "  typedef %s mf_idx;\n", r->index64 ? "unsigned long long" : "unsigned int");
+    mf_sb_printf(body, "  const mf_idx n = (mf_idx)P.numel;\n");
+    mf_sb_printf(body, "  const mf_idx step = (mf_idx)gridDim.x * (mf_idx)blockDim.x;\n");
     for (i = 0; i < r->n_inputs; i++) {
         if (r->inputs[i].is_scalar)
             continue;
         if (is16(r->inputs[i].dtype))
-            g.helpers |= r->inputs[i].dtype == MF_DT_F16 ? H_F16 : H_BF16;
-        sb_printf(&body, "  const %s* __restrict__ p%d = (const %s*)P.ptr[%d];\n",
-                  g_dtypes[r->inputs[i].dtype].stype, g.tensor_slot[i],
-                  g_dtypes[r->inputs[i].dtype].stype, g.tensor_slot[i]);
+            g->helpers |= r->inputs[i].dtype == MF_DT_F16 ? H_F16 : H_BF16;
+        mf_sb_printf(body, "  const %s* __restrict__ p%d = (const %s*)P.ptr[%d];\n",
+                     mf_cg_dtypes[r->inputs[i].dtype].stype, g->tensor_slot[i],
+                     mf_cg_dtypes[r->inputs[i].dtype].stype, g->tensor_slot[i]);
     }
     for (i = 0; i < r->n_outputs; i++) {
-        int dt = g.vdtype[r->outputs[i].value];
+        int dt = g->vdtype[r->outputs[i].value];
         if (is16(dt))
-            g.helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
-        sb_printf(&body, "  %s* __restrict__ q%d = (%s*)P.ptr[%d];\n", g_dtypes[dt].stype, i,
-                  g_dtypes[dt].stype, g.n_tensor_inputs + i);
+            g->helpers |= dt == MF_DT_F16 ? H_F16 : H_BF16;
+        mf_sb_printf(body, "  %s* __restrict__ q%d = (%s*)P.ptr[%d];\n", mf_cg_dtypes[dt].stype, i,
+                     mf_cg_dtypes[dt].stype, g->n_tensor_inputs + i);
     }
-    if (strided) {
+    if (!r->contiguous) {
         for (d = 1; d < D; d++) /* the outermost size is implied by numel */
-            sb_printf(&body, "  const mf_idx sz%d = (mf_idx)P.size[%d];\n", d, d);
-        for (slot = 0; slot < g.nt; slot++)
+            mf_sb_printf(body, "  const mf_idx sz%d = (mf_idx)P.size[%d];\n", d, d);
+        for (slot = 0; slot < g->nt; slot++)
             for (d = 0; d < D; d++)
-                sb_printf(&body, "  const mf_idx st%d_%d = (mf_idx)P.stride[%d];\n", slot, d,
-                          slot * D + d);
+                mf_sb_printf(body, "  const mf_idx st%d_%d = (mf_idx)P.stride[%d];\n", slot, d, slot * D + d);
     }
-    sb_printf(&body, "  for (mf_idx i = (mf_idx)blockIdx.x * (mf_idx)blockDim.x + (mf_idx)threadIdx.x; "
-                     "i < n; i += step) {\n");
-    if (strided) {
-        for (slot = 0; slot < g.nt; slot++)
-            sb_printf(&body, "    mf_idx o%d = 0;\n", slot);
+}
+
+/* The grid-stride loop's head; in the strided variant each operand's offset
+ * and the guards of broadcast outputs (NOTE [broadcast outputs]). */
+static void emit_index(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    int i, d, slot;
+    mf_sb_printf(body, "  for (mf_idx i = (mf_idx)blockIdx.x * (mf_idx)blockDim.x + (mf_idx)threadIdx.x; "
+                       "i < n; i += step) {\n");
+    if (r->contiguous)
+        return;
+    for (slot = 0; slot < g->nt; slot++)
+        mf_sb_printf(body, "    mf_idx o%d = 0;\n", slot);
+    for (i = 0; i < r->n_outputs; i++)
+        if (r->outputs[i].guarded)
+            mf_sb_printf(body, "    bool w%d = true;\n", i);
+    mf_sb_printf(body, "    mf_idx r = i;\n");
+    for (d = r->ndim - 1; d >= 0; d--) {
+        if (d > 0)
+            mf_sb_printf(body, "    { const mf_idx c = r %% sz%d; r = r / sz%d;\n", d, d);
+        else
+            mf_sb_printf(body, "    { const mf_idx c = r;\n");
+        for (slot = 0; slot < g->nt; slot++)
+            mf_sb_printf(body, "      o%d += c * st%d_%d;\n", slot, slot, d);
         for (i = 0; i < r->n_outputs; i++)
             if (r->outputs[i].guarded)
-                sb_printf(&body, "    bool w%d = true;\n", i);
-        sb_printf(&body, "    mf_idx r = i;\n");
-        for (d = D - 1; d >= 0; d--) {
-            if (d > 0)
-                sb_printf(&body, "    { const mf_idx c = r %% sz%d; r = r / sz%d;\n", d, d);
-            else
-                sb_printf(&body, "    { const mf_idx c = r;\n");
-            for (slot = 0; slot < g.nt; slot++)
-                sb_printf(&body, "      o%d += c * st%d_%d;\n", slot, slot, d);
-            for (i = 0; i < r->n_outputs; i++)
-                if (r->outputs[i].guarded)
-                    sb_printf(&body, "      if (c != 0 && st%d_%d == 0) w%d = false;\n",
-                              g.n_tensor_inputs + i, d, i);
-            sb_printf(&body, "    }\n");
-        }
+                mf_sb_printf(body, "      if (c != 0 && st%d_%d == 0) w%d = false;\n", g->n_tensor_inputs + i, d,
+                             i);
+        mf_sb_printf(body, "    }\n");
     }
-    /* loads */
+}
+
+/* One value per input: a scalar argument, or a tensor element in its
+ * compute type. */
+static void emit_loads(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    char off[32], ptr[16];
+    int i;
     for (i = 0; i < r->n_inputs; i++) {
         int dt = r->inputs[i].dtype;
         if (r->inputs[i].is_scalar) {
             if (dt == MF_DT_BOOL)
-                sb_printf(&body, "    const bool v%d = P.s%d != 0;\n", i, i);
+                mf_sb_printf(body, "    const bool v%d = P.s%d != 0;\n", i, i);
             else
-                sb_printf(&body, "    const %s v%d = P.s%d;\n", g_dtypes[dt].ctype, i, i);
+                mf_sb_printf(body, "    const %s v%d = P.s%d;\n", mf_cg_dtypes[dt].ctype, i, i);
             continue;
         }
-        snprintf(off, sizeof off, strided ? "o%d" : "i", g.tensor_slot[i]);
-        {
-            char ptr[16];
-            snprintf(ptr, sizeof ptr, "p%d", g.tensor_slot[i]);
-            sb_printf(&body, "    const %s v%d = ", g_dtypes[dt].ctype, i);
-            sb_printf(&body, load_expr(dt), ptr, off);
-            sb_printf(&body, ";\n");
-        }
+        snprintf(off, sizeof off, r->contiguous ? "i" : "o%d", g->tensor_slot[i]);
+        snprintf(ptr, sizeof ptr, "p%d", g->tensor_slot[i]);
+        mf_sb_printf(body, "    const %s v%d = ", mf_cg_dtypes[dt].ctype, i);
+        mf_sb_printf(body, load_expr(dt), ptr, off);
+        mf_sb_printf(body, ";\n");
     }
-    for (i = 0; i < r->n_instrs && rc == MF_OK; i++)
-        rc = emit_instr(&body, &g, i);
-    if (rc != MF_OK)
-        goto done;
-    /* stores */
-    for (i = 0; i < r->n_outputs; i++) {
-        int v = r->outputs[i].value, dt = g.vdtype[v];
-        snprintf(off, sizeof off, strided ? "o%d" : "i", g.n_tensor_inputs + i);
-        sb_printf(&body, "    ");
-        if (strided && r->outputs[i].guarded)
-            sb_printf(&body, "if (w%d) ", i);
-        switch (dt) {
-        case MF_DT_BOOL: sb_printf(&body, "q%d[%s] = (unsigned char)v%d;\n", i, off, v); break;
-        case MF_DT_F16: sb_printf(&body, "q%d[%s] = mf_f2h(v%d);\n", i, off, v); break;
-        case MF_DT_BF16: sb_printf(&body, "q%d[%s] = mf_f2bf(v%d);\n", i, off, v); break;
-        default: sb_printf(&body, "q%d[%s] = v%d;\n", i, off, v); break;
-        }
-    }
-    sb_printf(&body, "  }\n}\n");
-    if (body.oom) {
-        rc = MF_ENOMEM;
-        fail(&g, "out of memory");
-        goto done;
-    }
+}
 
-    /* ---- header, helpers, parameter struct, body */
-    sb_printf(&out, "// thunder_memfuse generated kernel: %d inputs, %d instructions, %d outputs;\n",
-              r->n_inputs, r->n_instrs, r->n_outputs);
-    sb_printf(&out, "// variant: %s, ndim %d, %s indexing.\n", strided ? "strided" : "contiguous", D,
-              r->index64 ? "64-bit" : "32-bit");
-    sb_printf(&out, "// ops:");
+/* Each output stored in its dtype (guarded ones only where their guard
+ * holds), then the loop and the kernel closed. */
+static void emit_stores(mf_sb *body, mf_cg_gen *g)
+{
+    const mf_codegen_region *r = g->r;
+    const int strided = !r->contiguous;
+    char off[32];
+    int i;
+    for (i = 0; i < r->n_outputs; i++) {
+        int v = r->outputs[i].value, dt = g->vdtype[v];
+        snprintf(off, sizeof off, strided ? "o%d" : "i", g->n_tensor_inputs + i);
+        mf_sb_printf(body, "    ");
+        if (strided && r->outputs[i].guarded)
+            mf_sb_printf(body, "if (w%d) ", i);
+        switch (dt) {
+        case MF_DT_BOOL: mf_sb_printf(body, "q%d[%s] = (unsigned char)v%d;\n", i, off, v); break;
+        case MF_DT_F16: mf_sb_printf(body, "q%d[%s] = mf_f2h(v%d);\n", i, off, v); break;
+        case MF_DT_BF16: mf_sb_printf(body, "q%d[%s] = mf_f2bf(v%d);\n", i, off, v); break;
+        default: mf_sb_printf(body, "q%d[%s] = v%d;\n", i, off, v); break;
+        }
+    }
+    mf_sb_printf(body, "  }\n}\n");
+}
+
+/* The source: header comment, the helpers the body used, the parameter
+ * struct (NOTE [kernel parameters]), the body. */
+static void emit_source(mf_sb *out, const mf_cg_gen *g, const mf_sb *body)
+{
+    const mf_codegen_region *r = g->r;
+    const int D = r->ndim, strided = !r->contiguous;
+    static const struct {
+        unsigned bit;
+        const char *text;
+    } helpers[] = {{H_F16, HELP_F16},   {H_BF16, HELP_BF16},     {H_REM, HELP_REM}, {H_IREM, HELP_IREM},
+                   {H_IPOW, HELP_IPOW}, {H_MAXMIN, HELP_MAXMIN}, {H_LERP, HELP_LERP}};
+    size_t h;
+    int i;
+    mf_sb_printf(out, "// thunder_memfuse generated kernel: %d inputs, %d instructions, %d outputs;\n",
+                 r->n_inputs, r->n_instrs, r->n_outputs);
+    mf_sb_printf(out, "// variant: %s, ndim %d, %s indexing.\n", strided ? "strided" : "contiguous", D,
+                 r->index64 ? "64-bit" : "32-bit");
+    mf_sb_printf(out, "// ops:");
     for (i = 0; i < r->n_instrs; i++)
-        sb_printf(&out, " %s", g_ops[r->instrs[i].op].name);
-    sb_printf(&out, "\n#define MF_BLOCK %d\n", MF_CODEGEN_BLOCK);
-    if (g.helpers & H_F16)
-        sb_printf(&out, "%s", HELP_F16);
-    if (g.helpers & H_BF16)
-        sb_printf(&out, "%s", HELP_BF16);
-    if (g.helpers & H_REM)
-        sb_printf(&out, "%s", HELP_REM);
-    if (g.helpers & H_IREM)
-        sb_printf(&out, "%s", HELP_IREM);
-    if (g.helpers & H_IPOW)
-        sb_printf(&out, "%s", HELP_IPOW);
-    if (g.helpers & H_MAXMIN)
-        sb_printf(&out, "%s", HELP_MAXMIN);
-    if (g.helpers & H_LERP)
-        sb_printf(&out, "%s", HELP_LERP);
-    sb_printf(&out, "struct MfParams {\n  long long numel;\n");
+        mf_sb_printf(out, " %s", mf_cg_ops[r->instrs[i].op].name);
+    mf_sb_printf(out, "\n#define MF_BLOCK %d\n", MF_CODEGEN_BLOCK);
+    for (h = 0; h < sizeof helpers / sizeof helpers[0]; h++)
+        if (g->helpers & helpers[h].bit)
+            mf_sb_printf(out, "%s", helpers[h].text);
+    mf_sb_printf(out, "struct MfParams {\n  long long numel;\n");
     if (strided)
-        sb_printf(&out, "  long long size[%d];\n", D);
-    sb_printf(&out, "  void* ptr[%d];\n", g.nt);
+        mf_sb_printf(out, "  long long size[%d];\n", D);
+    mf_sb_printf(out, "  void* ptr[%d];\n", g->nt);
     if (strided)
-        sb_printf(&out, "  long long stride[%d];\n", g.nt * D);
+        mf_sb_printf(out, "  long long stride[%d];\n", g->nt * D);
     for (i = 0; i < r->n_inputs; i++)
         if (r->inputs[i].is_scalar)
-            sb_printf(&out, "  %s s%d;\n", r->inputs[i].dtype == MF_DT_F64 ? "double" : "long long", i);
-    sb_printf(&out, "};\n");
-    sb_printf(&out, "%s", body.buf);
+            mf_sb_printf(out, "  %s s%d;\n", r->inputs[i].dtype == MF_DT_F64 ? "double" : "long long", i);
+    mf_sb_printf(out, "};\n");
+    mf_sb_printf(out, "%s", body->buf);
+}
+
+int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out, mf_cuda_ctx *ctx)
+{
+    mf_cg_gen g;
+    mf_sb body = {NULL, 0, 0, 0}, out = {NULL, 0, 0, 0};
+    int i, rc;
+
+    *src_out = NULL;
+    *len_out = 0;
+    if ((rc = gen_init(&g, r, ctx)) != MF_OK)
+        goto done;
+    /* the body first: it decides which helpers are used */
+    emit_prologue(&body, &g);
+    emit_index(&body, &g);
+    emit_loads(&body, &g);
+    for (i = 0; i < r->n_instrs && rc == MF_OK; i++)
+        rc = mf_cg_emit_instr(&body, &g, i);
+    if (rc != MF_OK)
+        goto done;
+    emit_stores(&body, &g);
+    if (body.oom) {
+        rc = MF_ENOMEM;
+        mf_cg_fail(&g, "out of memory");
+        goto done;
+    }
+    emit_source(&out, &g, &body);
     if (out.oom) {
         rc = MF_ENOMEM;
-        fail(&g, "out of memory");
+        mf_cg_fail(&g, "out of memory");
         goto done;
     }
     *src_out = out.buf;
@@ -964,8 +469,6 @@ int mf_codegen_emit(const mf_codegen_region *r, char **src_out, size_t *len_out,
 done:
     free(body.buf);
     free(out.buf);
-    free(g.vdtype);
-    free(g.vscalar);
-    free(g.tensor_slot);
+    gen_free(&g);
     return rc;
 }

@@ -26,6 +26,23 @@ PyObject *mf_py_raise_status(int status, const char *msg);
 PyObject *mf_py_raise(const mf_ctx *ctx, int status);
 PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
                          int dp_max_ops, long long dp_max_bytes); /* -> plan dict */
+/* remat.c: recomputation (mf_remat.c NOTE [recomputation]) on b's graph and
+ * its plan dict, budget in bytes.  Where copies were made, *out holds the
+ * graph with them and *info a dict (origin, value_origin, splits,
+ * copied_bytes, searched_peak_bytes, start_peak_bytes, n_values_before); else
+ * *info is NULL and *out empty.  0 or -1 (exception); free *out either way. */
+int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, mf_gbuf *out,
+                    PyObject **info);
+/* plan.c: plan b, then try recomputation; the plan dict, with "recompute"
+ * (the info above plus "graph", the graph with the copies as a dict) where
+ * the copies lower the planned peak. */
+PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
+                                    int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
+                                    long long dp_max_bytes, mf_gbuf *used);
+/* trace_regroup.c: the plan's groups as lists of bound symbols (ops_list:
+ * op id -> bsym); used: the graph with recomputed copies the plan is for, or
+ * NULL; nv0: values of the trace's own graph.  New reference or NULL. */
+PyObject *mf_py_regroup(PyObject *plan, PyObject *ops_list, const mf_gbuf *used, int32_t nv0);
 /* A tuple snapshot of a sequence (plan.c NOTE [snapshots]): o itself when a
  * tuple, else a new tuple of its items; TypeError naming `what` otherwise. */
 PyObject *mf_py_tuple(PyObject *o, const char *what);

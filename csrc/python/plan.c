@@ -496,12 +496,71 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
     return out;
 }
 
+/* NOTE [recomputation] (mf_remat.c): the plan of b; where budget > 0, the
+ * plan of b with copies of cheap ops too, kept if its peak is lower.  *used
+ * receives the graph the returned plan is for when that is the one with the
+ * copies (else it stays empty); the caller frees it. */
+PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
+                                    int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
+                                    long long dp_max_bytes, mf_gbuf *used)
+{
+    PyObject *plan, *info = NULL, *plan2 = NULL, *graph = NULL;
+    mf_gbuf g2;
+    mf_gbuf_init(used);
+    plan = mf_py_run_plan(b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
+    if (!plan || budget <= 0 || !cheap)
+        return plan;
+    if (mf_py_recompute(b, cheap, plan, budget, &g2, &info) < 0) {
+        Py_DECREF(plan);
+        return NULL;
+    }
+    if (!info) {
+        mf_gbuf_free(&g2);
+        return plan;
+    }
+    plan2 = mf_py_run_plan(&g2, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
+    if (!plan2)
+        goto fail;
+    {
+        PyObject *p1 = PyDict_GetItemString(plan, "peak_bytes"), *p2 = PyDict_GetItemString(plan2, "peak_bytes");
+        long long a = p1 ? PyLong_AsLongLong(p1) : 0, c = p2 ? PyLong_AsLongLong(p2) : 0;
+        if (PyErr_Occurred())
+            goto fail;
+        if (c >= a) { /* the copies do not pay once planned: keep the plan without them */
+            Py_DECREF(plan2);
+            Py_DECREF(info);
+            mf_gbuf_free(&g2);
+            return plan;
+        }
+    }
+    if (!(graph = mf_gbuf_to_dict(&g2)) || PyDict_SetItemString(info, "graph", graph) < 0 ||
+        PyDict_SetItemString(plan2, "recompute", info) < 0 ||
+        PyDict_SetItemString(plan2, "peak_bytes_without_recompute", PyDict_GetItemString(plan, "peak_bytes")) < 0)
+        goto fail;
+    Py_DECREF(graph);
+    Py_DECREF(info);
+    Py_DECREF(plan);
+    *used = g2;
+    return plan2;
+fail:
+    Py_XDECREF(graph);
+    Py_XDECREF(info);
+    Py_XDECREF(plan2);
+    Py_DECREF(plan);
+    mf_gbuf_free(&g2);
+    return NULL;
+}
+
 static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
-                             "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", NULL};
+                             "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
+                             "cheap", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
+    PyObject *ch = Py_None;
+    long long budget = 0;
+    uint8_t *cheap = NULL;
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
     PyObject *empty = NULL, *out = NULL;
@@ -510,10 +569,14 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOp:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
                                      &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &dp_max_bytes, &cm,
-                                     &comm_overlap))
+                                     &comm_overlap, &budget, &ch))
         return NULL;
+    if (budget < 0) {
+        PyErr_SetString(PyExc_ValueError, "recompute must be a budget in bytes >= 0");
+        return NULL;
+    }
     if (mf_py_max_states(ms, &max_states) < 0)
         return NULL;
     if (!(empty = PyTuple_New(0)))
@@ -521,8 +584,42 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
                     ep) == 0 &&
-        (!cm || each_pair(cm, INT32_MAX, "comm", &b, sink_comm) == 0))
-        out = mf_py_run_plan(&b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
+        (!cm || each_pair(cm, INT32_MAX, "comm", &b, sink_comm) == 0)) {
+        if (budget > 0 && ch != Py_None) {
+            PyObject *cs = mf_py_tuple(ch, "cheap");
+            Py_ssize_t i;
+            if (!cs)
+                goto done;
+            if (PyTuple_GET_SIZE(cs) != b.n_ops) {
+                PyErr_Format(PyExc_ValueError, "cheap has %zd entries but the graph has %d ops",
+                             PyTuple_GET_SIZE(cs), (int)b.n_ops);
+                Py_DECREF(cs);
+                goto done;
+            }
+            if (!(cheap = PyMem_RawCalloc((size_t)b.n_ops + 1, 1))) {
+                Py_DECREF(cs);
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (i = 0; i < b.n_ops; i++) {
+                int t = PyObject_IsTrue(PyTuple_GET_ITEM(cs, i));
+                if (t < 0) {
+                    Py_DECREF(cs);
+                    goto done;
+                }
+                cheap[i] = (uint8_t)t;
+            }
+            Py_DECREF(cs);
+        }
+        {
+            mf_gbuf used;
+            out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, max_states, fuse, fusion_moves,
+                                            comm_overlap, dp_max_ops, dp_max_bytes, &used);
+            mf_gbuf_free(&used);
+        }
+    }
+done:
+    PyMem_RawFree(cheap);
     mf_gbuf_free(&b);
     Py_DECREF(empty);
     return out;
@@ -678,7 +775,7 @@ static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
-     "comm_overlap=True)\n"
+     "comm_overlap=True, recompute=0, cheap=None)\n"
      "--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan).\n"

@@ -95,6 +95,8 @@
 typedef struct {
     PyObject *tensor_type, *aliases, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
     PyObject *epilogue_pair; /* callable or NULL / None */
+    PyObject *recomputable;  /* callable or NULL / None: NOTE [recompute candidates] */
+    long long recompute;     /* budget in bytes; 0: none */
 } cfg_t;
 
 /* Per-walk state: name -> value id, per-storage readers (linked lists). */
@@ -111,6 +113,8 @@ typedef struct {
     int32_t prev_ordered;
     uint8_t *comm;      /* op -> MF_COMM_* (grows with ops) */
     int32_t cap_comm;
+    uint8_t *cheap;     /* op -> may be recomputed (grows with ops) */
+    int32_t cap_cheap;
     int any_comm;
 } walk_t;
 
@@ -172,6 +176,25 @@ static void walk_free(walk_t *w)
     PyMem_RawFree(w->rd_op);
     PyMem_RawFree(w->rd_next);
     PyMem_RawFree(w->comm);
+    PyMem_RawFree(w->cheap);
+}
+
+/* Make w->cheap hold at least n ops (new entries 0). */
+static int grow_cheap(walk_t *w, int32_t n)
+{
+    int32_t nc;
+    uint8_t *p;
+    if (n <= w->cap_cheap)
+        return 0;
+    nc = w->cap_cheap ? w->cap_cheap * 2 : 256;
+    while (nc < n)
+        nc *= 2;
+    if (!(p = PyMem_RawRealloc(w->cheap, (size_t)nc)))
+        return -1;
+    memset(p + w->cap_cheap, 0, (size_t)(nc - w->cap_cheap));
+    w->cheap = p;
+    w->cap_cheap = nc;
+    return 0;
 }
 
 /* Bytes of a proxy (see NOTE [sizes]); -1 with an exception on failure. */
@@ -508,6 +531,18 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
             goto nomem;
         w->prev_ordered = op;
     }
+    if (c->recompute > 0 && c->recomputable && c->recomputable != Py_None && !flags) {
+        int t;
+        if (!(r = PyObject_CallOneArg(c->recomputable, bsym)))
+            goto done;
+        t = PyObject_IsTrue(r);
+        Py_CLEAR(r);
+        if (t < 0)
+            goto done;
+        if (grow_cheap(w, op + 1) < 0)
+            goto nomem;
+        w->cheap[op] = (uint8_t)t;
+    }
     rc = 0;
     goto done;
 nomem:
@@ -649,24 +684,31 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",      "tensor_type", "aliases", "prologue_ids", "drop_ids", "return_ids",
                              "effects",    "fusible",     "max_states", "fuse",         "freeable",
-                             "epilogue_pair", "comm_overlap", NULL};
+                             "epilogue_pair", "comm_overlap", "recompute", "recomputable", NULL};
     cfg_t c;
     PyObject *freeable = NULL, *storages = NULL;
     int virtual_open = 0;
     PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
     PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
-    int fuse = 1, seen_op = 0, comm_overlap = 1;
+    int fuse = 1, seen_op = 0, comm_overlap = 1, have_used = 0;
     long long max_states = 0;
     walk_t w;
+    mf_gbuf used;
     Py_ssize_t i, n;
     (void)self;
 
     memset(&w, 0, sizeof w);
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOOp:plan_trace", kwlist, &bsyms, &c.tensor_type,
+    mf_gbuf_init(&used);
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "O|$OOOOOOOOpOOpLO:plan_trace", kwlist, &bsyms, &c.tensor_type,
                                      &c.aliases, &c.prologue_ids, &c.drop_ids, &c.return_ids, &c.effects,
-                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair, &comm_overlap))
+                                     &c.fusible, &ms, &fuse, &freeable, &c.epilogue_pair, &comm_overlap,
+                                     &c.recompute, &c.recomputable))
         return NULL;
+    if (c.recompute < 0) {
+        PyErr_SetString(PyExc_ValueError, "plan_trace: recompute must be a budget in bytes >= 0");
+        return NULL;
+    }
     if (!c.tensor_type || !c.aliases || !PyCallable_Check(c.aliases) || !c.prologue_ids || !c.drop_ids || !c.return_ids || !c.effects ||
         !c.fusible) {
         PyErr_SetString(PyExc_TypeError, "plan_trace: every classification keyword is required");
@@ -846,30 +888,32 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (fuse && c.epilogue_pair && c.epilogue_pair != Py_None && find_epilogues(&w, &c, ops_list) < 0)
         goto done;
-    if (!(plan = mf_py_run_plan(&w.g, max_states, fuse, 1, comm_overlap, 0, 0)))
-        goto done;
-    /* regroup: groups[k] = the bound symbols of the k-th planned group */
-    order = PyDict_GetItemString(plan, "order");
-    gl = PyDict_GetItemString(plan, "groups");
-    if (!order || !gl) {
-        PyErr_SetString(PyExc_RuntimeError, "plan result lacks order/groups");
-        goto done;
-    }
-    if (!(groups = PyList_New(PyList_GET_SIZE(gl))))
-        goto done;
-    for (i = 0; i < PyList_GET_SIZE(gl); i++) {
-        PyObject *ids = PyList_GET_ITEM(gl, i), *bl = PyList_New(PyList_GET_SIZE(ids));
-        Py_ssize_t k;
-        if (!bl)
-            goto done;
-        for (k = 0; k < PyList_GET_SIZE(ids); k++) {
-            long opid = PyLong_AsLong(PyList_GET_ITEM(ids, k));
-            PyObject *b = PyList_GET_ITEM(ops_list, opid);
-            Py_INCREF(b);
-            PyList_SET_ITEM(bl, k, b);
+    /* NOTE [recompute candidates]: an op the recomputable predicate accepts is
+     * cheap unless it reads or makes a storage something writes in place
+     * (ordering roots, NOTE [views]): a copy elsewhere would see other data. */
+    if (c.recompute > 0 && w.cheap) {
+        int32_t k, j;
+        for (k = 0; k < w.g.n_ops && k < w.cap_cheap; k++) {
+            if (!w.cheap[k])
+                continue;
+            for (j = w.g.in_ptr[k]; j < w.g.in_ptr[k + 1]; j++)
+                if (w.last_writer[w.root[w.g.in_idx[j]]] >= 0)
+                    w.cheap[k] = 0;
+            for (j = w.g.out_ptr[k]; j < w.g.out_ptr[k + 1]; j++)
+                if (w.last_writer[w.root[w.g.out_idx[j]]] >= 0)
+                    w.cheap[k] = 0;
         }
-        PyList_SET_ITEM(groups, i, bl);
+        if (grow_cheap(&w, w.g.n_ops + 1) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
+    if (!(plan = mf_py_plan_with_recompute(&w.g, w.cheap, w.cheap ? c.recompute : 0, max_states, fuse, 1,
+                                           comm_overlap, 0, 0, &used)))
+        goto done;
+    have_used = used.n_ops > 0;
+    if (!(groups = mf_py_regroup(plan, ops_list, have_used ? &used : NULL, w.g.n_values)))
+        goto done;
     if (virtual_open == 2) { /* the saved-tensor op has no bound symbol: drop its group */
         Py_ssize_t g0;
         for (g0 = 0; g0 < PyList_GET_SIZE(groups); g0++) {
@@ -881,7 +925,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
             }
         }
     }
-    if (!(graph = mf_gbuf_to_dict(&w.g)))
+    if (!(graph = mf_gbuf_to_dict(have_used ? &used : &w.g)))
         goto done;
     out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "epilogue",
                         epilogue, "plan", plan, "graph", graph, "names", w.names, "saved_op",
@@ -896,13 +940,15 @@ done:
     Py_XDECREF(graph);
     Py_XDECREF(storages);
     walk_free(&w);
+    mf_gbuf_free(&used);
     return out;
 }
 
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace($module, /, bsyms, *, tensor_type, aliases, prologue_ids, drop_ids, return_ids, effects, "
-     "fusible, max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True)\n--\n\n"
+     "fusible, max_states=None, fuse=True, freeable=None, epilogue_pair=None, comm_overlap=True, recompute=0, "
+     "recomputable=None)\n--\n\n"
      "Read a Thunder trace's bound symbols, plan them and regroup them; returns a dict.  max_states as in "
      "plan()."},
     {NULL, NULL, 0, NULL},

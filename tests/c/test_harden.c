@@ -212,7 +212,7 @@ static void test_dp_budget(void)
            "budget: %d %s optimal %d states %lld", st, ctx.err, res.optimal, (long long)res.states);
     printf("DP budget 1 MiB: peak allocation %lld bytes, a plan capped at 1 state %lld\n", b.peak, base_peak);
     /* the tables stay within the budget; the doubling array's old copy and the
-     * per-piece scratch come on top (mf_sched.c NOTE [DP memory budget]) */
+     * per-piece scratch come on top (mf_dp.c NOTE [DP memory budget]) */
     HCHECK(b.peak <= base_peak + 2 * (1 << 20), "budget: peak allocation %lld (plan alone %lld)", b.peak,
            base_peak);
     mf_plan_result_free(&ctx, &res);
