@@ -17,7 +17,7 @@ from thunder.core.trace import TraceTag, from_trace
 from thunder.core.transform_common import Transform
 from thunder.executors.data_dependent_partition import fuse_bound_symbols
 
-from thunder_memfuse import _thunder
+from thunder_memfuse import _thunder, regions
 from thunder_memfuse.transform import regroup_trace
 
 
@@ -40,6 +40,6 @@ class ElementwiseFusion(Transform):
                 flat.append(list(g))
             else:
                 flat.extend([b] for b in g)
-        new_trace, _ = regroup_trace(trace, flat, backend="cpu", is_backward=is_backward,
+        new_trace, _ = regroup_trace(trace, flat, compiler=regions.compiler("fallback"), is_backward=is_backward,
                                      name_prefix="ElementwiseFusion")
         return new_trace

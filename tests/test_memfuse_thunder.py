@@ -352,7 +352,7 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch
 def test_gemm_regions_map_arguments_and_fall_back(monkeypatch):
     """NOTE [gemm regions]: the cuBLAS path gets matmul/linear arguments in the bound
     symbol's order whatever the region's input order; CPU tensors use the fallback."""
-    from thunder_memfuse import executor
+    from thunder_memfuse import executor, regions
     from thunder_memfuse.regions import nvrtc
 
     def f(w, x, b):
@@ -372,15 +372,16 @@ def test_gemm_regions_map_arguments_and_fall_back(monkeypatch):
     (out,) = run(*args)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b))
     assert calls and calls[0][0] is x and calls[0][1] is w and calls[0][2] is b
-    region = executor.make_region_callable("MemFuseTest", [lin], inputs, list(lin.flat_proxy_outs))
+    region = executor.make_region_callable(regions.make_group("MemFuseTest", [lin], inputs, lin.flat_proxy_outs, nvrtc),
+                                           nvrtc)
     torch.testing.assert_close(region(*args)[0], out)  # CPU tensors: the fallback
 
 
 def test_region_kernel_failures_fall_back(monkeypatch):
     """executor.make_region_callable: a kernel that fails on its first call (NVRTC, module
     load, launch) sends the region to the fallback for good; a later failure only that call;
-    NotImplementedError only that call, silently under backend="auto"."""
-    from thunder_memfuse import executor
+    NotImplementedError (nvrtc: a case its kernels do not cover) only that call, silently."""
+    from thunder_memfuse import executor, regions
     from thunder_memfuse.regions import nvrtc
 
     x = torch.randn(5)
@@ -403,7 +404,8 @@ def test_region_kernel_failures_fall_back(monkeypatch):
             raise what
 
         monkeypatch.setattr(nvrtc, "build_cuda_region", lambda *a: kernel)
-        return executor.make_region_callable("MemFuseT", body, [trace.args[0]], outputs), calls
+        return executor.make_region_callable(regions.make_group("MemFuseT", body, [trace.args[0]], outputs, nvrtc),
+                                             nvrtc), calls
 
     run, calls = region_with([RuntimeError("nvrtc said no")])
     with pytest.warns(RuntimeWarning, match="nvrtc said no"):
@@ -447,7 +449,7 @@ def test_region_kernel_failures_fall_back(monkeypatch):
 
     monkeypatch.setattr(executor, "_fallback_callable", watching_fallback)
     monkeypatch.setattr(nvrtc, "build_cuda_region", lambda *a: leaky_kernel)
-    run = executor.make_region_callable("MemFuseT", body, [trace.args[0]], outputs)
+    run = executor.make_region_callable(regions.make_group("MemFuseT", body, [trace.args[0]], outputs, nvrtc), nvrtc)
     for _ in range(2):
         torch.testing.assert_close(run(x)[0], expected)
     assert alive_in_fallback == [False, False]
@@ -486,7 +488,9 @@ def test_epilogue_regions_gemm_relu(monkeypatch):
                             torch.nn.functional.linear(*a)), raising=False)
     region = next(b_ for b_ in final.bound_symbols if [s.sym.name for s in b_.subsymbols] == ["linear", "relu"])
     inputs = sorted(region.args, key=lambda p: p.name, reverse=True)
-    run = executor.make_region_callable("MemFuseT", list(region.subsymbols), inputs, list(region.output))
+    group = regions.make_group("MemFuseT", region.subsymbols, inputs, region.output, nvrtc)
+    assert group.kind == regions.base.EPILOGUE
+    run = executor.make_region_callable(group, nvrtc)
     vals = {region.subsymbols[0].args[i].name: v for i, v in enumerate((x, w, b))}
     (out,) = run(*[vals[p.name] for p in inputs])
     torch.testing.assert_close(out, torch.relu(torch.nn.functional.linear(x, w, b)))
@@ -543,7 +547,7 @@ def test_backward_frees_saved_activations_not_parameters():
     x = torch.randn(32, 64)
     jm(x).sum().backward()
     fwd = next(t for t in thunder.last_traces(jm) if _is_augmented(t))
-    saved = _thunder.saved_activations(fwd)
+    saved = frozenset(_thunder.saved_storages(fwd))
     params = {p.name for b in fwd.bound_symbols if b.sym.id in _thunder.PROLOGUE_IDS for p in b.flat_proxy_outs}
     assert saved and not (saved & params)
     info = thunder.last_backward_traces(jm)[-1]._memfuse_info
@@ -567,3 +571,39 @@ def _is_augmented(trace):
     from thunder.core.trace import TraceTag
 
     return TraceTag.AUGMENTED_FORWARD in trace.tags
+
+
+def test_shared_instance_keeps_each_compilation_s_saved_tensors():
+    """The forward's saved storages reach the backward of the same compilation through its compile
+    data, not through the transform instance: two thunder.jit functions sharing the module-level
+    `memfuse`, with their forward and backward transforms interleaved, each plan their backward
+    from their own forward's saved tensors, as when each runs alone."""
+    from thunder.core.compile_data import compile_data_and_stats
+
+    from thunder_memfuse import _thunder, memfuse
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)),
+              torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 16), torch.nn.Tanh())]
+    inputs = [torch.randn(32, 64), torch.randn(4, 16)]
+    jits, traces = [], []
+    for model, x in zip(models, inputs):
+        jm = thunder.jit(model)  # Thunder's own traces, handed to memfuse's hook by hand below
+        jm(x).sum().backward()
+        fwd = thunder.last_traces(jm)[-1]
+        assert _is_augmented(fwd)
+        jits.append(jm)
+        traces.append((fwd, thunder.last_backward_traces(jm)[-1]))
+
+    def hook(i, which):
+        with compile_data_and_stats(thunder.compile_data(jits[i]), None):
+            return memfuse.transform_trace_post_optimization(traces[i][which])._memfuse_info
+
+    alone = [(hook(i, 0), hook(i, 1))[1] for i in (0, 1)]
+    hook(0, 0), hook(1, 0)  # both forwards first, then both backwards
+    interleaved = [hook(0, 1), hook(1, 1)]
+    for i, (a, b) in enumerate(zip(alone, interleaved)):
+        saved = frozenset(_thunder.saved_storages(traces[i][0]))
+        made = {b["names"][v] for v in b["graph"]["ops"][0][1]}
+        assert saved and b["saved_op"] and saved <= made  # its own saved tensors start the backward
+        assert b["names"] == a["names"] and b["graph"] == a["graph"] and b["plan"] == a["plan"]

@@ -132,7 +132,7 @@ def test_program_key_ignores_names_but_not_programs():
 
 @needs_compiler
 def test_a_region_that_fails_to_compile_falls_back(monkeypatch):
-    def broken(bsyms, inputs, outputs):
+    def broken(group):
         def call(*args):
             raise RuntimeError("inductor said no")
 
@@ -334,3 +334,36 @@ def test_a_program_make_fx_cannot_trace_goes_through_dynamo(monkeypatch):
     compiled = region._call_ctx[region.sym.name].memfuse_state["kernel"]
     assert "no fake kernel here" in compiled.why_dynamo
     tc.clear_cache()
+
+
+def test_every_compiler_is_one_region_compiler():
+    """regions/base.py: each compiler module satisfies RegionCompiler; the fallback compiles
+    nothing and plans as nvrtc does."""
+    from thunder_memfuse.regions import base
+
+    for name in regions.COMPILERS:
+        comp = regions.compiler(name)
+        assert isinstance(comp, base.RegionCompiler) and comp.name == name, name
+    fallback, nvrtc = regions.compiler("fallback"), regions.compiler("nvrtc")
+    assert not fallback.compiles_regions and fallback.available(False) and not nvrtc.available(False)
+    assert fallback.fusible is nvrtc.fusible and fallback.epilogue_pair is nvrtc.epilogue_pair
+
+
+def test_a_predicate_that_raises_answers_no_and_says_why_once(caplog):
+    """regions/base.py predicate: the C reader asks fusible of every bound symbol, so a check
+    that raises is logged once per check, op and error type, not per call."""
+    import logging
+    from types import SimpleNamespace
+
+    class Odd:
+        sym = SimpleNamespace(name="odd_op", is_fusion=False)
+
+        @property
+        def flat_outs(self):
+            raise LookupError("no outputs here")
+
+    regions.reset_warnings()
+    with caplog.at_level(logging.WARNING, logger="thunder_memfuse"):
+        assert [tc.fusible(Odd()) for _ in range(3)] == [0, 0, 0]
+    said = [r.getMessage() for r in caplog.records if "odd_op" in r.getMessage()]
+    assert len(said) == 1 and "LookupError: no outputs here" in said[0] and "fusible" in said[0], said

@@ -8,8 +8,9 @@
   everywhere: both hooks return what they were given (read at each compilation, so it can be
   set in a running process before a function's first call).
 - LOG: logging.getLogger("thunder_memfuse").  INFO: one line per planned trace (peaks, regions,
-  the compiler, the plan's time); WARNING: every fallback (also given as a MemFuseWarning);
-  DEBUG: each region's ops.  The logger has a NullHandler, so nothing is printed unless the
+  the compiler, the plan's time); WARNING: every fallback (also given as a MemFuseWarning), and
+  what only weakens a plan (a region compiler's per-op check that raised: regions/base.py
+  predicate; saved activations that could not be told apart); DEBUG: each region's ops.  The logger has a NullHandler, so nothing is printed unless the
   application configures logging (logging.basicConfig(level=logging.INFO)).
 """
 from __future__ import annotations

@@ -171,10 +171,9 @@ def _may_write_in_place(bsym) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _fusible_predicate():
-    try:
-        from .regions.nvrtc import fusible_bsym
-    except Exception:  # the code generator is unavailable: nothing is fusible
-        return lambda bsym: False
+    # importing the code generator's predicate loads no CUDA library (they are opened at first use)
+    from .regions.nvrtc import fusible_bsym
+
     return fusible_bsym
 
 
@@ -301,10 +300,7 @@ def incoming_gradients(backward_trace) -> dict:
     second argument (the gradients of the forward's outputs).  Thunder's
     backward clears that collection, so, like the saved activations, each is
     freed after its last use (NOTE [saved storages])."""
-    try:
-        params = [a[0] if isinstance(a, tuple) else a for a in backward_trace.siginfo().args]
-    except Exception:
-        return {}
+    params = [a[0] if isinstance(a, tuple) else a for a in backward_trace.siginfo().args]
     if len(params) < 2:
         return {}
     collections, out = {str(params[1])}, {}
@@ -331,10 +327,4 @@ def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
     return out
 
 
-def saved_activations(forward_trace) -> frozenset:
-    """Names of the tensors an augmented forward saves for backward that are not
-    (views of) its own inputs (the keys of saved_storages)."""
-    return frozenset(saved_storages(forward_trace))
-
-
-__all__ = ["plan_trace", "saved_activations", "saved_storages", "incoming_gradients", "backward_freeable", "is_view", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]
+__all__ = ["plan_trace", "saved_storages", "incoming_gradients", "backward_freeable", "is_view", "effects", "comm_kind", "is_random", "RANDOM_NAMES", "VIEW_NAMES", "DROP_IDS", "PROLOGUE_IDS", "RETURN_IDS"]

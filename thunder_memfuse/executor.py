@@ -2,8 +2,8 @@
 
 make_region_callable returns the function a fusion bound symbol calls
 (`[t3, t4] = MemFuse0(t0, t1)` in the trace): the region built by its compiler
-(thunder_memfuse.regions: nvrtc, torchcompile, nvfuser), or, where the compiler
-cannot build or run it, the op-by-op fallback (regions/fallback.py).
+(a regions.base.RegionCompiler), or, where the compiler cannot build or run it,
+the op-by-op fallback (regions.op_by_op).
 
 memfuse_ex is the registered Thunder FusionExecutor that owns memfuse's fusion
 symbols (so a trace's fusion symbols pickle) and, where memfuse replaces a
@@ -16,33 +16,28 @@ from __future__ import annotations
 from thunder.core.symbol import Symbol
 from thunder.extend import FusionExecutor, register_executor
 
-from .regions import compiler as _compiler
-
+from . import regions
 from ._options import LOG
 from .errors import warn as _warn
 
 
-def _fallback_callable(name, bsyms, inputs, outputs):
-    from .regions import fallback
-
-    return fallback.build(name, bsyms, inputs, outputs)
+def _fallback_callable(group):
+    return regions.op_by_op(group)
 
 
-def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compiler="nvrtc"):
-    """The callable of region `name`: built by `compiler` (a name in regions.COMPILERS) on its
-    first call, with the fallback behind it.  backend="cpu" or compiler="fallback": the fallback
-    alone.  backend="cuda" also warns where an nvrtc region meets a case its kernels do not cover."""
-    fallback = _fallback_callable(name, bsyms, inputs, outputs)
-    if backend == "cpu" or compiler == "fallback":
+def make_region_callable(group, compiler):
+    """The callable of region `group` (a regions.base.Group): built by `compiler` (a
+    regions.base.RegionCompiler) on its first call, with the op-by-op fallback behind it; a
+    compiler that compiles no regions: the fallback alone."""
+    name = group.name
+    fallback = _fallback_callable(group)
+    if not compiler.compiles_regions:
         return fallback
-    comp = _compiler(compiler)
-    if compiler == "nvrtc":
-        build, accepts = comp.builder(bsyms, inputs, outputs), comp.accepts
-    else:
-        def build():
-            return comp.build(bsyms, inputs, outputs)
 
-        accepts = None
+    def build():
+        return compiler.build(group)
+
+    accepts = compiler.accepts
 
     # "proven": the region's callable has run once.  Building only lowers a region; NVRTC, the module load
     # and the launch happen on the first call, so any error there also sends the region to the
@@ -60,16 +55,16 @@ def make_region_callable(name, bsyms, inputs, outputs, *, backend="auto", compil
     state = {"kernel": None, "failed": False, "proven": False}
 
     def run(*args):
-        if state["failed"] or (accepts is not None and not accepts(args)):
+        if state["failed"] or not accepts(args):
             return fallback(*args)
         why = None
         try:
             if state["kernel"] is None:
                 state["kernel"] = build()
             out = state["kernel"](*args)
-        except NotImplementedError as e:  # nvrtc: unsupported, expected, said only with backend="cuda"
-            if compiler == "nvrtc":
-                why = (f"NotImplementedError: {e}", state["kernel"] is None, backend == "cuda")
+        except NotImplementedError as e:
+            if compiler.expects_unsupported:  # a case its kernels do not cover: logged, not warned
+                why = (f"NotImplementedError: {e}", state["kernel"] is None, False)
             else:
                 why = (f"NotImplementedError: {e}", not state["proven"], True)
         except Exception as e:  # failed to build, compile, load or launch, or the user's error

@@ -120,8 +120,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             norms, softmax, matmuls, ...).
             A forced compiler that cannot work for a trace (kernels="nvrtc" on CPU
             tensors, "torchcompile" without a C++ compiler) warns once and runs the
-            fallback; with strict=True it raises MemFuseError.  With kernels="nvrtc",
-            a region whose case the kernels do not cover also warns when it falls back.
+            fallback; with strict=True it raises MemFuseError.
         backend: deprecated spelling of kernels: "cpu" is kernels="fallback", "cuda" is
             kernels="nvrtc" (a DeprecationWarning; a contradicting kernels= is a ValueError).
         fuse: "auto" (default): form fusion regions where a compiler builds them
@@ -144,10 +143,10 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             share of what the trace's ops write (thunder_memfuse._recompute.DEFAULT_SHARE).  A
             float: that share instead.  False: never.
 
-    The instance holds these options and, between an augmented forward and the
-    backward Thunder hands over right after it, the names of the forward's
-    saved activations; everything else it learns about a compilation is stored
-    on the traces it returns (see report()), so one instance can serve many
+    The instance holds these options only.  What it learns about a compilation
+    is stored on that compilation's compile data (the forward's saved
+    activations, for the backward Thunder hands over right after it) and on
+    the traces it returns (see report()), so one instance can serve many
     thunder.jit calls.
     """
 
@@ -166,12 +165,6 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         self.replace_fusion = replace_fusion
         self.comm_overlap = comm_overlap
         self.recompute = _options.check_recompute(recompute)
-
-    @property
-    def backend(self) -> str:
-        """What executor.make_region_callable gets: "cpu" (the fallback alone) for kernels="fallback",
-        else "auto" (the option of that name is folded into kernels: _options.check_options)."""
-        return "cpu" if self.kernels == "fallback" else "auto"
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, "
@@ -236,9 +229,8 @@ class MemFuse(Transform, metaclass=_MemFuseType):
 
     def _fusible_for(self, bsyms):
         """What a region may hold: the chosen compiler's predicate (the fallback's regions, formed
-        only on request, hold what a generated kernel could: the nvrtc predicate)."""
-        name = self._compiler_for(bsyms)
-        return regions.compiler("nvrtc" if name == "fallback" else name).fusible
+        only on request, hold what a generated kernel could: regions/fallback.py)."""
+        return regions.compiler(self._compiler_for(bsyms)).fusible
 
     def _fuses(self, bsyms, compiler: str) -> bool:
         """NOTE [fusion on CPU]: the cost model says a region's inner values are
@@ -262,20 +254,16 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             # remembered for the backward, which Thunder hands over right after:
             # which saved tensors are activations, and which share a storage
             # (_thunder.py saved_storages, trace.c NOTE [saved storages])
-            try:
-                self._saved_activations = _thunder.saved_storages(trace)
-            except Exception:  # then the backward treats every saved tensor as an input
-                self._saved_activations = None
+            _carry_saved(_forward_saved(trace))
         elif is_backward:
-            freeable, self._saved_activations = getattr(self, "_saved_activations", None), None
-            freeable = _thunder.backward_freeable(freeable, trace)  # and the incoming gradients
+            freeable = _thunder.backward_freeable(_carry_saved(None), trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
-            self._saved_activations = None
+            _carry_saved(None)
         compiler = self._compiler_for(bsyms)
-        nvrtc = regions.compiler("nvrtc")
+        comp = regions.compiler(compiler)
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms, compiler),
                                   freeable=freeable, fusible=self._fusible_for(bsyms),
-                                  epilogue_pair=_epilogue_pair(compiler),
+                                  epilogue_pair=comp.epilogue_pair,
                                   comm_overlap=self.comm_overlap,
                                   recompute=_recompute.budget_bytes(bsyms, self.recompute))
         res = _recompute.emit(res, trace)
@@ -285,10 +273,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
 
         groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]
         groups = _with_comments(bsyms, groups)
-        new_trace, n_regions = regroup_trace(trace, groups, backend=self.backend, compiler=compiler,
-                                             is_backward=is_backward,
-                                             region_of_one=nvrtc.region_of_one
-                                             if compiler == "nvrtc" else None)
+        new_trace, n_regions = regroup_trace(trace, groups, compiler=comp, is_backward=is_backward)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
         _log_plan(trace, is_backward, plan, compiler, n_regions, res["groups"], elapsed_ms)
         new_trace.set_provenance(
@@ -341,12 +326,12 @@ def _log_plan(trace, is_backward, plan, compiler, n_regions, groups, elapsed_ms)
             LOG.debug("  region %d (%s): %s", i, compiler, " ".join(str(b.sym.name) for b in g))
 
 
-def regroup_trace(trace, groups, *, backend, is_backward, compiler="nvrtc", name_prefix="MemFuse",
-                  region_of_one=None):
+def regroup_trace(trace, groups, *, compiler, is_backward, name_prefix="MemFuse"):
     """A new trace whose bound symbols are `groups` in order: a group of one stays
-    as it is (unless region_of_one(bsym) says it runs as a region of its own,
-    regions/nvrtc NOTE [gemm regions]), a larger group becomes one fusion bound
-    symbol (inputs and outputs from Thunder's Region); dels and collection
+    as it is (unless compiler.region_of_one(bsym) says it runs as a region of its
+    own, regions/nvrtc NOTE [gemm regions]), a larger group becomes one fusion bound
+    symbol built by `compiler`, a regions.base.RegionCompiler (inputs and outputs
+    from Thunder's Region); dels and collection
     clears are placed by Thunder's del_last_used.  Returns (trace, number of
     fusion regions made).  A group of views only stays unfused: it allocates
     nothing, and a compiled region would only add a call."""
@@ -356,14 +341,14 @@ def regroup_trace(trace, groups, *, backend, is_backward, compiler="nvrtc", name
     new_bsyms = []
     n_regions = 0  # also numbers the regions: names are per trace, like Thunder's own fusion passes
     for group in groups:
-        if len(group) == 1 and not (region_of_one and region_of_one(group[0])) or _views_only(group):
+        if len(group) == 1 and not compiler.region_of_one(group[0]) or _views_only(group):
             new_bsyms.extend(group)
             continue
         region = Region(producers, consumers, list(group))
         inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
         name = f"{name_prefix}{n_regions}"
-        fn = make_region_callable(name, list(group), inputs, outputs, backend=backend, compiler=compiler)
+        fn = make_region_callable(regions.make_group(name, group, inputs, outputs, compiler), compiler)
         sym = region_symbol(name, outputs)
         new_bsyms.append(BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn}))
         n_regions += 1
@@ -420,16 +405,29 @@ def _replace_fusion_executors(cd, remat: bool = True) -> None:
     cd.executors_list = tuple(kept)
 
 
-def _no_pair(gemm, act) -> bool:
-    return False
+def _carry_saved(saved):
+    """Hand the forward's saved storages to the backward of the same compilation, which Thunder
+    transforms right after it: kept on the compilation's compile data (so two thunder.jit
+    functions sharing one MemFuse never see each other's), never on the instance.  Returns what
+    was kept before (None: nothing known; also outside a compilation)."""
+    cd = get_compile_data()
+    if cd is None:
+        return None
+    before = getattr(cd, "_memfuse_saved", None)
+    cd._memfuse_saved = saved
+    return before
 
 
-def _epilogue_pair(compiler: str):
-    """The epilogue-pair predicate of a compiler (nvrtc: cuBLASLt's GEMM + ReLU; torchcompile: a
-    GEMM and an elementwise op of its result; the fallback plans as nvrtc does)."""
-    if compiler in ("nvrtc", "fallback"):
-        return regions.compiler("nvrtc").epilogue_pair
-    return getattr(regions.compiler(compiler), "epilogue_pair", _no_pair)
+def _forward_saved(trace):
+    """_thunder.saved_storages of an augmented forward; None (the backward then counts every
+    saved tensor as an input, a conservative plan) where it cannot tell, with the reason logged."""
+    try:
+        return _thunder.saved_storages(trace)
+    except Exception as e:
+        LOG.warning("memfuse: could not tell which saved tensors of trace %r are activations (%s: %s); "
+                    "its backward is planned with all of them as inputs", _trace_name(trace),
+                    type(e).__name__, e)
+        return None
 
 
 def _views_only(group) -> bool:
@@ -439,12 +437,10 @@ def _views_only(group) -> bool:
 def _compiling_peer() -> bool:
     """Is memfuse this compilation's fusion pass, in the place of a general fusion executor
     it replaced (regions NOTE [auto on CPU])?  Outside a compilation: yes."""
-    try:
-        cd = get_compile_data()
-        names = {getattr(ex, "name", None) for ex in cd.executors_list}
-    except Exception:
+    cd = get_compile_data()
+    if cd is None:
         return True
-    return "memfuse" in names
+    return "memfuse" in {getattr(ex, "name", None) for ex in cd.executors_list}
 
 
 def _has_cuda_tensors(bsyms) -> bool:
@@ -454,6 +450,9 @@ def _has_cuda_tensors(bsyms) -> bool:
 
 
 def _trace_name(trace) -> str:
+    """The trace's function name, for messages.  It names the trace in the warning that says why
+    the pass failed, which may be a trace without a signature: then "<trace>", and that warning
+    carries the reason."""
     try:
         return trace.siginfo().name
     except Exception:

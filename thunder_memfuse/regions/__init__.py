@@ -1,6 +1,8 @@
 """Region compilers: what builds the callable of a region memfuse forms.
 
-One module per compiler, each with NAME, available(cuda), fusible(bsym) and a way to build a region:
+One module per compiler, each a RegionCompiler (regions/base.py: name, compiles_regions,
+available(cuda), fusible(bsym), epilogue_pair(gemm, act), region_of_one(bsym), accepts(args),
+build(group)); compiler(name) returns it:
 
     nvrtc         memfuse's own CUDA kernels (NVRTC elementwise kernels, cuBLAS / cuBLASLt GEMMs)
     torchcompile  Thunder's torch.compile executor builds the region: Inductor C++ on CPU, Triton on GPU
@@ -17,6 +19,8 @@ from __future__ import annotations
 import importlib
 import threading
 
+from .base import Group, RegionCompiler, make_group  # noqa: F401  (the interface: regions/base.py)
+
 COMPILERS = ("nvrtc", "torchcompile", "nvfuser", "fallback")
 KERNELS = ("auto",) + COMPILERS
 
@@ -25,7 +29,7 @@ _warn_lock = threading.Lock()
 
 
 def compiler(name: str):
-    """The module of compiler `name` (one of COMPILERS)."""
+    """Compiler `name` (one of COMPILERS): its module, a base.RegionCompiler."""
     if name not in COMPILERS:
         raise ValueError(f"memfuse: unknown region compiler {name!r} (one of {COMPILERS})")
     return importlib.import_module(f"{__name__}.{name}")
@@ -33,15 +37,9 @@ def compiler(name: str):
 
 def compiles(name: str, cuda: bool) -> bool:
     """Does compiler `name` really compile regions of a trace on this machine (cuda: the trace holds
-    CUDA tensors)?  The fallback never does; nvrtc only for CUDA traces."""
-    if name == "fallback":
-        return False
-    if name == "nvrtc" and not cuda:
-        return False
-    try:
-        return bool(compiler(name).available(cuda))
-    except Exception:
-        return False
+    CUDA tensors)?  The fallback never does; nvrtc only for CUDA traces (its available())."""
+    comp = compiler(name)
+    return bool(comp.compiles_regions and comp.available(cuda))
 
 
 def resolve(kernels: str, *, cuda: bool, compiling_peer: bool = True, strict: bool = False,
@@ -111,6 +109,16 @@ def _warn_once(key, message: str) -> None:
 
 
 def reset_warnings() -> None:
-    """Forget which fall-back warnings were given (tests)."""
+    """Forget which fall-back warnings were given, and which predicate failures were logged (tests)."""
+    from . import base
+
     with _warn_lock:
         _warned.clear()
+    with base._reasons_lock:
+        base._reasons.clear()
+
+
+def op_by_op(group):
+    """The fallback's callable of a region (base.Group): its ops one by one, what every compiled
+    region runs where its compiler cannot (executor.make_region_callable)."""
+    return compiler("fallback").build(group)

@@ -2,34 +2,27 @@
 TraceCtx.python_callable), with Thunder's _del_last_used dropping every intermediate the moment it
 is dead.  Results equal Thunder's without memfuse; inner values do exist for a moment, which the
 cost model (made for compiled regions) does not count, so regions are formed for it only on request
-(MemFuse(fuse=True))."""
+(MemFuse(fuse=True)), and then they hold what a generated kernel could (nvrtc's fusible and
+epilogue_pair).  It is also what every other compiler's region runs where that compiler cannot
+(executor.make_region_callable)."""
 from __future__ import annotations
 
-from inspect import Parameter, Signature
+from .base import Group, always, never, region_trace
+from .nvrtc import epilogue_pair, fusible  # noqa: F401  (the fallback plans as nvrtc does)
 
-NAME = "fallback"
+name = "fallback"
+compiles_regions = False
+expects_unsupported = False
+region_of_one = never
+accepts = always
 
 
 def available(cuda: bool = False) -> bool:
     return True
 
 
-def build(name, bsyms, inputs, outputs):
-    from thunder.core import prims
-    from thunder.core.trace import TraceCtx
+def build(group: Group):
     from thunder.executors.passes import _del_last_used
 
-    def region_fn():
-        pass
-
-    region_fn.__signature__ = Signature(
-        Parameter(getattr(p, "name", f"arg{i}"), Parameter.POSITIONAL_ONLY) for i, p in enumerate(inputs)
-    )
-    region_fn.__name__ = name
-    trace = TraceCtx(region_fn)
-    body = _del_last_used(list(bsyms), list(outputs))
-    body.append(prims.python_return.bind(list(outputs), output=None))
-    trace.bound_symbols = body
-    trace.args = list(inputs)
-    trace.kwargs = {}
-    return trace.python_callable()
+    body = _del_last_used(list(group.bsyms), list(group.outputs))
+    return region_trace(group.name, body, group.inputs, group.outputs).python_callable()

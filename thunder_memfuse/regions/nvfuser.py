@@ -6,14 +6,24 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
-NAME = "nvfuser"
+from .base import Group, always, never, predicate, pure, tensor_op
+
+name = "nvfuser"
+compiles_regions = True
+expects_unsupported = False
+epilogue_pair = never
+region_of_one = never
+accepts = always
 
 
 @functools.lru_cache(maxsize=1)
 def _executor():
     try:
         from thunder.executors.nvfuserex import nvfuserex
-    except Exception:
+    except Exception as e:  # not installed, or an install that does not load: not available
+        from .._options import LOG
+
+        LOG.info("memfuse: nvFuser's executor is not available: %s: %s", type(e).__name__, e)
         return None
     return nvfuserex
 
@@ -22,35 +32,24 @@ def available(cuda: bool = False) -> bool:
     return bool(cuda) and _executor() is not None
 
 
+@predicate(False)
 def fusible(bsym) -> bool:
     """What nvFuser's executor can claim, less random ops and ordered effects (as for the other
     compilers: memfuse keeps their order and Thunder's numbers)."""
-    from thunder.core.proxies import TensorProxy
-
-    from .. import _thunder
-
     ex = _executor()
-    if ex is None or getattr(bsym.sym, "is_fusion", False):
+    if ex is None or not tensor_op(bsym) or not pure(bsym):
         return False
-    try:
-        outs = [o for o in bsym.flat_outs if o is not None]
-        if not outs or not all(isinstance(o, TensorProxy) for o in outs):
-            return False
-        if _thunder.is_random(bsym) or _thunder.effects(bsym):
-            return False
-        return bool(ex.can_fuse(bsym))
-    except Exception:
-        return False
+    return bool(ex.can_fuse(bsym))
 
 
-def build(bsyms, inputs, outputs):
+def build(group: Group):
     """nvFuser's callable for the region (its fusion definition is built on the first call)."""
     from thunder.core.proxies import variableify
 
     ex = _executor()
     if ex is None:
         raise NotImplementedError("nvFuser is not installed")
-    region = SimpleNamespace(inputs=[variableify(p) for p in inputs], outputs=[variableify(p) for p in outputs],
-                             bound_symbols=list(bsyms))
+    region = SimpleNamespace(inputs=[variableify(p) for p in group.inputs],
+                             outputs=[variableify(p) for p in group.outputs], bound_symbols=list(group.bsyms))
     fusion = ex.fuse(region, 0)
     return fusion._call_ctx[fusion.sym.name]

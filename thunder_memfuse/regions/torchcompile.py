@@ -35,7 +35,13 @@ import tempfile
 import threading
 import tokenize
 
-NAME = "torchcompile"
+from .base import Group, always, epilogue_result, never, predicate, pure, region_trace, tensor_op
+
+name = "torchcompile"
+compiles_regions = True
+expects_unsupported = False
+region_of_one = never
+accepts = always
 
 _cache: dict = {}
 _cache_lock = threading.Lock()
@@ -56,7 +62,10 @@ def available(cuda: bool = False) -> bool:
 
             return bool(has_triton())
         return _cxx_works()
-    except Exception:
+    except Exception as e:  # any failure to tell is a no (regions.resolve says what that means)
+        from .._options import LOG
+
+        LOG.info("memfuse: torch.compile cannot build regions here: %s: %s", type(e).__name__, e)
         return False
 
 
@@ -98,19 +107,16 @@ _ROWWISE_NAMES = frozenset({
 })
 
 
+@predicate(False)
 def is_extern(bsym) -> bool:
     """An op Inductor runs as an extern kernel (NOTE [extern ops in regions])."""
     from thunder.core.prims import OpTags
     from thunder.core.symbol import gather_tags
 
-    if bsym.sym.name in _EXTERN_NAMES:
-        return True
-    try:
-        return OpTags.MATMUL_OP in gather_tags(bsym)
-    except Exception:
-        return False
+    return bsym.sym.name in _EXTERN_NAMES or OpTags.MATMUL_OP in gather_tags(bsym)
 
 
+@predicate(False)
 def epilogue_pair(gemm, act) -> bool:
     """May `act` run as the epilogue of extern op `gemm` in one region (NOTE [extern ops in
     regions])?  act is a pointwise op whose one tensor result has the shape and dtype of gemm's
@@ -118,23 +124,13 @@ def epilogue_pair(gemm, act) -> bool:
     bound symbols do not always keep their prim decomposition, so this is read from tags and
     names, not from the prims)."""
     from thunder.core.prims import OpTags
-    from thunder.core.proxies import TensorProxy
     from thunder.core.symbol import gather_tags
 
-    try:
-        if not is_extern(gemm) or not fusible(act) or act.sym.name in _ROWWISE_NAMES:
-            return False
-        if OpTags.REDUCTION_OP in gather_tags(act):
-            return False
-        g = [o for o in gemm.flat_proxy_outs if isinstance(o, TensorProxy)]
-        a = [o for o in act.flat_proxy_outs if isinstance(o, TensorProxy)]
-        if len(g) != 1 or len(a) != 1:
-            return False
-        reads = [p for p in act.flat_proxy_args if isinstance(p, TensorProxy)]
-        return (all(p.name == g[0].name for p in reads) and tuple(g[0].shape) == tuple(a[0].shape)
-                and g[0].dtype == a[0].dtype)
-    except Exception:
+    if not is_extern(gemm) or not fusible(act) or act.sym.name in _ROWWISE_NAMES:
         return False
+    if OpTags.REDUCTION_OP in gather_tags(act):
+        return False
+    return epilogue_result(gemm, act) is not None
 
 
 STORED = 2  # the core's MF_FUSIBLE_STORED (NOTE [extern ops in regions])
@@ -160,35 +156,22 @@ def _torch_impl_of() -> dict:
     return out
 
 
-def _id_name(i) -> str:
-    return str(i).rsplit(".", 1)[-1].lower()
-
-
+@predicate(0)
 def fusible(bsym) -> int:
     """Can bsym be part of a torch.compile region: the torchcompile executor can claim it, its
     outputs are tensors, and it neither draws random numbers nor has an ordered effect.  0: no;
     1: yes; STORED: yes, as an extern call whose tensors are stored (NOTE [extern ops in
     regions])."""
-    from thunder.core.proxies import TensorProxy
+    from .._thunder import _base_name
 
-    from .. import _thunder
-
-    try:
-        if getattr(bsym.sym, "is_fusion", False):
-            return 0
-        outs = [o for o in bsym.flat_outs if o is not None]
-        if not outs or not all(isinstance(o, TensorProxy) for o in outs):
-            return 0
-        if _thunder.is_random(bsym) or _thunder.effects(bsym):
-            return 0
-        if _executor().can_fuse(bsym):
-            return STORED if is_extern(bsym) else 1
-        orig = _torch_impl_of().get(bsym.sym.id)
-        if orig is not None and orig in _executor().implmap:
-            return STORED if _id_name(orig) in _EXTERN_NAMES else 1
+    if not tensor_op(bsym) or not pure(bsym):
         return 0
-    except Exception:
-        return 0
+    if _executor().can_fuse(bsym):
+        return STORED if is_extern(bsym) else 1
+    orig = _torch_impl_of().get(bsym.sym.id)
+    if orig is not None and orig in _executor().implmap:
+        return STORED if _base_name(orig) in _EXTERN_NAMES else 1
+    return 0
 
 
 # ------------------------------------------------------------------------------------------
@@ -197,17 +180,9 @@ def fusible(bsym) -> int:
 
 def program_key(bsyms, inputs, outputs):
     """NOTE [region compile cache]: (canonical source, input metadata) of a region."""
-    from thunder.core import prims
-    from thunder.core.codeutils import SigInfo
     from thunder.core.proxies import Proxy, TensorProxy
-    from thunder.core.trace import TraceCtx
 
-    trace = TraceCtx(None)
-    trace.args = list(inputs)
-    trace.kwargs = {}
-    trace.bound_symbols = list(bsyms) + [prims.python_return.bind(list(outputs), output=None)]
-    trace._siginfo = SigInfo("region")
-    trace._siginfo.args = [(a.name, None) for a in inputs]
+    trace = region_trace("region", bsyms, inputs, outputs)
     names = {}
 
     def note(p):
@@ -240,9 +215,10 @@ def program_key(bsyms, inputs, outputs):
     return " ".join(toks), meta, len(outputs)
 
 
-def build(bsyms, inputs, outputs):
+def build(group: Group):
     """The compiled callable of a region (shared by every region with the same program).
     Inductor compiles on the first call (per stride pattern), so compile errors surface there."""
+    bsyms, inputs, outputs = group.bsyms, group.inputs, group.outputs
     key = program_key(bsyms, inputs, outputs)
     fn = _cache.get(key)
     if fn is not None:
@@ -279,28 +255,16 @@ def _torch_callable(bsyms, inputs, outputs):
     """The region as a Python function of torch calls: the program make_compiled hands to
     torch.compile (the region's trace, lowered by Thunder's torch executor)."""
     from thunder.core import prims
-    from thunder.core.codeutils import SigInfo
-    from thunder.core.trace import TraceCtx, tracectx
     from thunder.executors.passes import transform_for_execution
     from thunder.executors.torchex import ex as pytorch_ex
 
-    trace = TraceCtx(None)
-    trace.args = inputs
-    trace.kwargs = {}
-    trace.names = {a.name for a in inputs}
-    with tracectx(trace):
-        for a in inputs:
-            prims.unpack_trivial(a, name=a.name)
-    trace.bound_symbols += list(bsyms)
-    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    trace = region_trace("memfuse_region", bsyms, inputs, outputs, unpack=True)
     for b in trace.bound_symbols:
         if b.sym == prims.unpack_trivial:
             continue
         for o in list(b.flat_outs) + [o for s in b.subsymbols for o in s.flat_outs]:
             if o is not None and getattr(o, "name", None) and o.name not in trace.names:
                 trace.add_name(o.name)
-    trace._siginfo = SigInfo("memfuse_region")
-    trace._siginfo.args = [(a.name, None) for a in inputs]
     return transform_for_execution(trace, executors_list=(pytorch_ex,)).python_callable(include_decorators=False)
 
 

@@ -17,9 +17,10 @@ Public:
     available() -> bool                   can generated kernels run in this process?
     KernelCompileError                    NVRTC rejected a kernel (.log, .source)
 
-As a region compiler (thunder_memfuse.regions): fusible, region_of_one (a lone CUDA GEMM is a
-region: NOTE [gemm regions]), epilogue_pair (NOTE [epilogue regions]), accepts (CUDA tensors only)
-and build.
+As a region compiler (thunder_memfuse.regions.base.RegionCompiler): fusible, region_of_one (a lone
+CUDA GEMM is a region: NOTE [gemm regions]), epilogue_pair (NOTE [epilogue regions]), accepts (CUDA
+tensors only) and build(group).  Its NotImplementedError is a case the kernels do not cover
+(expects_unsupported): the region's call runs on the fallback, logged, not warned.
 """
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ from .gemm import cuda_linear, cuda_linear_act, cuda_matmul, cuda_matmul_act
 from .kernel import CudaRegion, build_cuda_region
 from .loader import KernelCompileError, cuda_status, library_search_dirs, nvrtc_compile
 from .lowering import SUPPORTED_DTYPES, fusible_bsym, view_only_bsym
+from ..base import EPILOGUE, ONE, Group, epilogue_result
 
-NAME = "nvrtc"
+name = "nvrtc"
+compiles_regions = True
+expects_unsupported = True
 
 __all__ = [
     "fusible_bsym",
@@ -52,7 +56,10 @@ __all__ = [
 
 def available(cuda: bool = True) -> bool:
     """Can memfuse's generated kernels run in this process: the driver and NVRTC found and a CUDA
-    device visible to PyTorch?  Any failure to tell counts as no."""
+    device visible to PyTorch?  Any failure to tell counts as no.  cuda=False (a trace without
+    CUDA tensors): no, its kernels are CUDA kernels."""
+    if not cuda:
+        return False
     try:
         st = cuda_status()
         return bool(st["can_run"] and st["torch_cuda"]["available"])
@@ -87,12 +94,11 @@ def epilogue_pair(gemm, act) -> bool:
 
     if gemm.sym.name not in EPILOGUE_SYMBOLS or gemm.kwargs or act.sym.name != "relu":
         return False
-    outs = [o for o in gemm.flat_proxy_outs if isinstance(o, TensorProxy)]
-    if len(outs) != 1 or not act.args or getattr(act.args[0], "name", None) != outs[0].name:
+    out = epilogue_result(gemm, act)
+    if out is None or not act.args or getattr(act.args[0], "name", None) != out.name:
         return False
     if any(a is not False for a in act.args[1:]) or any(v is not False for v in act.kwargs.values()):
         return False  # relu(x, inplace=True) and anything unexpected
-    out = outs[0]
     tensors = [a for a in gemm.flat_proxy_args if isinstance(a, TensorProxy)]
     devices = {t.device.type for t in tensors}
     if str(out.dtype).split(".")[-1].rstrip("_") not in _EPILOGUE_DTYPES or len(devices) != 1:
@@ -156,11 +162,12 @@ def accepts(args) -> bool:
     return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
-def builder(bsyms, inputs, outputs):
-    """A zero-argument function building the region's callable: cuBLAS for a lone GEMM, cuBLASLt
-    for a GEMM + ReLU pair, else one generated kernel (NotImplementedError where unsupported)."""
-    if len(bsyms) == 1 and bsyms[0].sym.name in GEMM_SYMBOLS:
-        return gemm_builder(bsyms[0], inputs)
-    if len(bsyms) == 2 and epilogue_pair(*bsyms):
-        return gemm_builder(bsyms[0], inputs, act="relu")
-    return lambda: globals()["build_cuda_region"](bsyms, inputs, outputs)
+def build(group: Group):
+    """The region's callable: cuBLAS for a lone GEMM, cuBLASLt for a GEMM + ReLU pair, else one
+    generated kernel (NotImplementedError where unsupported)."""
+    bsyms, inputs = list(group.bsyms), list(group.inputs)
+    if group.kind == ONE and bsyms[0].sym.name in GEMM_SYMBOLS:
+        return gemm_builder(bsyms[0], inputs)()
+    if group.kind == EPILOGUE:
+        return gemm_builder(bsyms[0], inputs, act="relu")()
+    return build_cuda_region(bsyms, inputs, list(group.outputs))

@@ -157,12 +157,12 @@ def fusible_bsym(bsym) -> bool:
     one generated elementwise kernel?  All leaf prims supported, tensors of supported dtypes, at
     least one arithmetic leaf (pure views stay outside: see view_only_bsym), and the bound symbol
     on its own lowers to a valid region (shapes agree up to broadcasting)."""
+    from ..base import tensor_op
+
     try:
-        if getattr(bsym.sym, "is_fusion", False):
+        if not tensor_op(bsym):
             return False
         outs = [o for o in bsym.flat_outs if o is not None]
-        if not outs or not all(_is_tensor(o) for o in outs):
-            return False
         leaves = _leaves(bsym, [])
         if all(_leaf_kind(l) == "shape" for l in leaves):
             return False

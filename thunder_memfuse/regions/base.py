@@ -1,0 +1,200 @@
+"""The interface every region compiler implements, and the checks they share.
+
+A region compiler is a module of this package (nvrtc, torchcompile, nvfuser, fallback) that
+satisfies RegionCompiler: regions.compiler(name) returns it.  transform.py and executor.py only
+ask it questions (compiles_regions, available, fusible, epilogue_pair, region_of_one, accepts,
+build); neither knows a compiler by name.
+
+A Group is what build() gets: one planned group of bound symbols with its name, its inputs and
+outputs, and its kind (make_group):
+
+    REGION    two or more ops, compiled as one region
+    ONE       a lone op run as a region of its own (region_of_one: nvrtc's cuBLAS GEMMs)
+    EPILOGUE  [gemm, act] where the compiler's epilogue_pair(gemm, act) holds (the planner forms
+              such pairs: mf_fuse.c NOTE [epilogue pairs])
+
+Shared helpers: tensor_op (the opening checks of every `fusible`), pure (no random draw, no
+ordered effect), epilogue_result (the checks every epilogue_pair starts with), region_trace (a
+TraceCtx holding a list of bound symbols) and predicate (a per-symbol predicate that answers no
+where it raises, logged once per reason).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+REGION = "region"
+ONE = "one"
+EPILOGUE = "epilogue"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group of the plan, as a compiler builds it."""
+
+    name: str
+    bsyms: tuple
+    inputs: tuple
+    outputs: tuple
+    kind: str = REGION
+
+
+@runtime_checkable
+class RegionCompiler(Protocol):
+    """What builds the callable of a memfuse region (one module per compiler in regions/)."""
+
+    name: str
+    # does it compile regions at all?  The fallback does not: it only runs a region's ops
+    compiles_regions: bool
+    # NotImplementedError from build() or a call is a case the compiler does not cover, expected
+    # and only logged; otherwise it is a failure like any other (executor.make_region_callable)
+    expects_unsupported: bool
+
+    def available(self, cuda: bool) -> bool:
+        """Can it build regions of a trace here (cuda: the trace holds CUDA tensors)?"""
+
+    def fusible(self, bsym) -> int:
+        """May bsym be part of a region: 0 no, 1 yes, 2 yes with its tensors stored
+        (regions/torchcompile.py NOTE [extern ops in regions])?"""
+
+    def epilogue_pair(self, gemm, act) -> bool:
+        """May `act` run as the epilogue of `gemm`, the two as one region (trace.c NOTE
+        [epilogue candidates])?"""
+
+    def region_of_one(self, bsym) -> bool:
+        """Does this lone op run as a region of its own?"""
+
+    def accepts(self, args: Sequence[Any]) -> bool:
+        """Can the built region take these call arguments (else that call runs the fallback)?"""
+
+    def build(self, group: Group) -> Callable:
+        """The region's callable: (*args) -> list of outputs."""
+
+
+def make_group(name, bsyms, inputs, outputs, compiler: RegionCompiler) -> Group:
+    """The Group of planned bound symbols `bsyms`, its kind as `compiler` sees it."""
+    bsyms = tuple(bsyms)
+    if len(bsyms) == 1:
+        kind = ONE
+    elif len(bsyms) == 2 and compiler.epilogue_pair(*bsyms):
+        kind = EPILOGUE
+    else:
+        kind = REGION
+    return Group(name, bsyms, tuple(inputs), tuple(outputs), kind)
+
+
+# ------------------------------------------------------------------------------------------
+# The defaults of a compiler that has no such case
+
+
+def never(*args) -> bool:
+    return False
+
+
+def always(*args) -> bool:
+    return True
+
+
+# ------------------------------------------------------------------------------------------
+# Shared checks
+
+
+def tensor_op(bsym) -> bool:
+    """The opening check of every compiler's `fusible`: bsym is not a fusion of its own and has
+    outputs, all of them tensors."""
+    from thunder.core.proxies import TensorProxy
+
+    if getattr(bsym.sym, "is_fusion", False):
+        return False
+    outs = [o for o in bsym.flat_outs if o is not None]
+    return bool(outs) and all(isinstance(o, TensorProxy) for o in outs)
+
+
+def pure(bsym) -> bool:
+    """Neither draws random numbers nor has an ordered effect (_thunder NOTE [random ops],
+    trace.c NOTE [ordering edges]): a compiled region would change its numbers or its order."""
+    from .. import _thunder
+
+    return not _thunder.is_random(bsym) and not _thunder.effects(bsym)
+
+
+def epilogue_result(gemm, act):
+    """The checks every epilogue_pair starts with: gemm and act make one tensor each, act reads
+    no tensor but gemm's, and the two have one shape and dtype.  Returns gemm's tensor, or None."""
+    from thunder.core.proxies import TensorProxy
+
+    g = [o for o in gemm.flat_proxy_outs if isinstance(o, TensorProxy)]
+    a = [o for o in act.flat_proxy_outs if isinstance(o, TensorProxy)]
+    if len(g) != 1 or len(a) != 1:
+        return None
+    reads = [p for p in act.flat_proxy_args if isinstance(p, TensorProxy)]
+    if not all(p.name == g[0].name for p in reads):
+        return None
+    if tuple(g[0].shape) != tuple(a[0].shape) or g[0].dtype != a[0].dtype:
+        return None
+    return g[0]
+
+
+def region_trace(name: str, bsyms, inputs, outputs, *, unpack: bool = False):
+    """A TraceCtx `name(*inputs)` whose body is `bsyms`, returning `outputs` (unpack: the inputs
+    are unpacked first, as in a trace Thunder's executors transform)."""
+    from thunder.core import prims
+    from thunder.core.codeutils import SigInfo
+    from thunder.core.trace import TraceCtx, tracectx
+
+    inputs = list(inputs)
+    trace = TraceCtx(None)
+    trace.args = inputs
+    trace.kwargs = {}
+    if unpack:
+        trace.names = {a.name for a in inputs}
+        with tracectx(trace):
+            for a in inputs:
+                prims.unpack_trivial(a, name=a.name)
+    trace.bound_symbols += list(bsyms)
+    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    trace._siginfo = SigInfo(name)
+    trace._siginfo.args = [(a.name, None) for a in inputs]
+    return trace
+
+
+# ------------------------------------------------------------------------------------------
+# Predicates that must not raise
+
+_reasons: set = set()
+_reasons_lock = threading.Lock()
+
+
+def predicate(default):
+    """Decorate a per-bound-symbol predicate (fusible, epilogue_pair, ...): where it raises, the
+    answer is `default` (no: the op stays out of regions, which is never wrong) and the reason is
+    logged as a WARNING on the "thunder_memfuse" logger, once per predicate, symbol and
+    exception type (the C reader asks for every bound symbol of every trace)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def checked(*bsyms):
+            try:
+                return fn(*bsyms)
+            except Exception as e:
+                _say_once(fn, bsyms, e)
+                return default
+
+        return checked
+
+    return wrap
+
+
+def _say_once(fn, bsyms, e) -> None:
+    ops = tuple(str(getattr(getattr(b, "sym", None), "name", b)) for b in bsyms)
+    key = (fn.__module__, fn.__qualname__, ops, type(e).__name__)
+    with _reasons_lock:
+        if key in _reasons:
+            return
+        _reasons.add(key)
+    from .._options import LOG
+
+    LOG.warning("memfuse: %s.%s(%s) raised %s: %s; taken as no (those ops are not fused)", fn.__module__.rsplit(".", 1)[-1],
+                fn.__qualname__, ", ".join(ops), type(e).__name__, e)
