@@ -186,6 +186,27 @@ def nanogpt(batch=4, seq=128, dim=256, layers=4, heads=4, vocab=1024, checkpoint
     return _model_workload(name, model, idx, targets)
 
 
+class NewGELU(torch.nn.Module):
+    """GPT-2's activation as Hugging Face's GPT-2 writes it (NewGELUActivation): the tanh GELU as
+    explicit elementwise ops, which Thunder keeps as a chain of primitives."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def gpt2(batch=4, seq=128, dim=256, layers=4, heads=4, vocab=1024, checkpoint=False, seed=0):
+    """A GPT-2-style model: nanoGPT's blocks with Hugging Face GPT-2's explicit tanh GELU."""
+    from nanogpt_cpu import make_model
+
+    model = make_model(layers=layers, embd=dim, heads=heads, seq=seq, vocab=vocab, checkpoint=checkpoint, seed=seed)
+    for block in model.transformer.h:
+        block.mlp.gelu = NewGELU()
+    idx = torch.randint(0, vocab, (batch, seq))
+    targets = torch.roll(idx, -1, dims=1)
+    name = f"gpt2 {layers}x{dim}, {batch}x{seq}" + (", checkpointed" if checkpoint else "")
+    return _model_workload(name, model, idx, targets)
+
+
 def seed_workloads(paths=10, size=256, seed=0):
     from thunder_memfuse.seed import FUNCTIONS
 
@@ -212,6 +233,7 @@ def all_workloads(quick=False, batch=4, seq=128, dim=256, layers=4, paths=10, si
     for make in (nanogpt, llama):
         for ckpt in (False, True):
             ws.append(make(batch=batch, seq=seq, dim=dim, layers=layers, heads=4, checkpoint=ckpt))
+    ws.append(gpt2(batch=batch, seq=seq, dim=dim, layers=layers, heads=4))
     if only:
         ws = [w for w in ws if any(o in w.name for o in only)]
     return ws

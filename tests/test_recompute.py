@@ -210,6 +210,13 @@ def test_a_checkpointed_mlp_peaks_lower_with_the_same_gradients():
     info = thunder.last_backward_traces(ours)[-1]._memfuse_info
     rc = info["recompute"]
     assert rc and rc["copied_ops"] >= 1 and rc["peak_bytes"] < rc["peak_bytes_without"]
+    import thunder_memfuse as tm
+
+    rep = tm.report(ours)["backward"]["recompute"]
+    assert rep["copied_ops"] == rc["copied_ops"] and rep["peak_bytes"] < rep["peak_without_bytes"]
+    assert rep["saved_bytes_before"] == rep["saved_bytes_after"] > 0
+    assert "recomputed" in tm.format_report(tm.report(ours))
+    assert tm.report(without)["backward"]["recompute"] is None
     peak_without, _ = cpu_peak_bytes(lambda: step(without))
     peak_ours, _ = cpu_peak_bytes(lambda: step(ours))
     assert peak_ours < peak_without

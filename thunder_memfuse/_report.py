@@ -91,7 +91,13 @@ def _schedules(info):
     n = len(g["ops"])
     kw = dict(graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], aliases=g["aliases"],
               fusible=g.get("fusible"))  # stored inner values count as the planner counted them
-    before = _plan.simulate(g["ops"], g["value_bytes"], list(range(n)), **kw)
+    g0 = g.get("before_recompute")  # with recomputed copies: Thunder's order is that of the graph without them
+    if g0 is not None:
+        kw0 = dict(graph_inputs=g0["graph_inputs"], graph_outputs=g0["graph_outputs"], aliases=g0["aliases"],
+                   fusible=g0.get("fusible"))
+        before = _plan.simulate(g0["ops"], g0["value_bytes"], list(range(len(g0["ops"]))), **kw0)
+    else:
+        before = _plan.simulate(g["ops"], g["value_bytes"], list(range(n)), **kw)
     after = _plan.simulate(g["ops"], g["value_bytes"], plan["order"], plan["groups"], **kw)
     return before, after
 
@@ -229,8 +235,27 @@ def report(jfn) -> dict:
                                      for name, b in _largest_live_at_peak(info, steps_after)],
             "comm_moves": plan.get("comm_moves", 0),
             "collectives": _collectives(info),
+            # csrc/core/mf_remat.c NOTE [recomputation]: what runs twice, the bytes it writes again,
+            # and the planned peak without the copies (None: nothing was recomputed)
+            "recompute": _recompute_summary(info.get("recompute"), start),
         }
     return out
+
+
+def _recompute_summary(rc, start):
+    if not rc:
+        return None
+    return {
+        "copied_ops": rc["copied_ops"],
+        "copies": list(rc["copies"]),
+        "copied_bytes": rc["copied_bytes"],
+        "peak_without_bytes": rc["peak_bytes_without"],
+        "peak_bytes": rc["peak_bytes"],
+        # what the backward starts with (the forward's saved storages): recomputation inside a trace
+        # does not change it, so before and after are the same figure
+        "saved_bytes_before": start,
+        "saved_bytes_after": start,
+    }
 
 
 TERMS = {
@@ -325,6 +350,14 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
         )
         if r.get("replaced_executors"):
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
+        rc = r.get("recompute")
+        if rc:
+            n = rc["copied_ops"]
+            names = sorted(set(rc["copies"]))
+            lines.append(f"    recomputed {n} {'op' if n == 1 else 'ops'} ({', '.join(names[:6])}"
+                         f"{', ...' if len(names) > 6 else ''}), {rc['copied_bytes'] / 2**20:.2f} MiB written "
+                         f"again: planned peak {rc['peak_without_bytes'] / 2**20:.2f} -> "
+                         f"{rc['peak_bytes'] / 2**20:.2f} MiB")
         for item in r["largest_live_at_peak"]:
             name, b = item[0], item[1]
             where = f" ({item[2]})" if len(item) > 2 and item[2] else ""

@@ -535,7 +535,9 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     }
     if (!(graph = mf_gbuf_to_dict(&g2)) || PyDict_SetItemString(info, "graph", graph) < 0 ||
         PyDict_SetItemString(plan2, "recompute", info) < 0 ||
-        PyDict_SetItemString(plan2, "peak_bytes_without_recompute", PyDict_GetItemString(plan, "peak_bytes")) < 0)
+        PyDict_SetItemString(plan2, "peak_bytes_without_recompute", PyDict_GetItemString(plan, "peak_bytes")) < 0 ||
+        /* "baseline" stays the input order of the graph as given, without copies */
+        PyDict_SetItemString(plan2, "baseline_peak_bytes", PyDict_GetItemString(plan, "baseline_peak_bytes")) < 0)
         goto fail;
     Py_DECREF(graph);
     Py_DECREF(info);

@@ -689,7 +689,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     PyObject *freeable = NULL, *storages = NULL;
     int virtual_open = 0;
     PyObject *bsyms, *ms = Py_None, *seq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL;
-    PyObject *plan = NULL, *groups = NULL, *order = NULL, *gl = NULL, *graph = NULL, *out = NULL;
+    PyObject *plan = NULL, *groups = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, seen_op = 0, comm_overlap = 1, have_used = 0;
     long long max_states = 0;
     walk_t w;
@@ -927,6 +927,13 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (!(graph = mf_gbuf_to_dict(have_used ? &used : &w.g)))
         goto done;
+    if (have_used) { /* the trace's own graph, whose input order is Thunder's (reports' "before") */
+        PyObject *g0 = mf_gbuf_to_dict(&w.g);
+        int bad = !g0 || PyDict_SetItemString(graph, "before_recompute", g0) < 0;
+        Py_XDECREF(g0);
+        if (bad)
+            goto done;
+    }
     out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "epilogue",
                         epilogue, "plan", plan, "graph", graph, "names", w.names, "saved_op",
                         virtual_open == 2 ? Py_True : Py_False);
