@@ -17,6 +17,9 @@ output is matched against the arguments' storages (`torch._C._is_alias_of`, or t
   where the op was a no-op, which never makes a plan wrong.
 - A fusion region (another executor's, or one an earlier pass formed) is read through its
   subsymbols: an output reached from an input by a chain of (may-)aliases may alias it.
+- The memory model keeps Thunder's view table on top (`_thunder.is_view`): `reshape`, which the probe
+  finds a may-alias, counts as a view there, as before; `contiguous` is the may-alias the model counts
+  as an allocation.
 - Where the probe cannot run (an op that fails on meta tensors, a non-tensor proxy argument), the
   names Thunder publishes for views decide (`_thunder.VIEW_NAMES`), and the conversions that may
   return their argument (`to`, `contiguous`, `type_as`, ...) may alias it.

@@ -73,8 +73,9 @@
  * memory model (it shares that storage and allocates nothing).  Either way
  * the output joins argument k's storage for ordering (NOTE [ordering edges]):
  * an output that may alias its argument, depending on strides the trace does
- * not hold (`contiguous`, `reshape`), is an alias there and a new allocation
- * in the memory model.
+ * not hold (`contiguous`), is an alias there and a new allocation in the
+ * memory model.  (`reshape` may alias too, but Thunder's view table makes it
+ * a view in the memory model: _thunder.VIEW_NAMES.)
  *
  * NOTE [epilogue candidates]  With fuse and an epilogue_pair callable, every
  * op v whose sized inputs are one value x produced by an op u (not a view of
