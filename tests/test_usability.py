@@ -155,6 +155,13 @@ def test_report_compare_and_plot_give_the_same_peak(case):
         assert cmp[kind].plan_peak == r["peak_above_start_bytes"]
         assert f"memfuse, simulated (peak {r['peak_after_bytes'] / MIB:.2f} MiB" in legend
     assert "report() gives the same peak" in cmp.summary()
+    # with the measurement: a third curve per trace, the profiler's, whose peak is compare()'s
+    fig = tm.plot_timeline(jf, measured=cmp)
+    for ax, (kind, t) in zip(fig.axes, cmp.traces.items()):
+        labels = [x.get_text() for x in ax.get_legend().get_texts()]
+        meas = [x for x in labels if x.startswith("memfuse, measured")]
+        assert meas and f"peak {(t.measured_peak + t.start_simulated) / MIB:.2f} MiB" in meas[0], labels
+        assert "measured" in ax.get_title()
     if case == "seed":
         assert rep["forward"]["peak_after_bytes"] == 3 * 64 * 64 * 4
 

@@ -1,7 +1,8 @@
 """Plots for notebooks and benchmarks (matplotlib: the `[plot]` extra).
 
-- plot_timeline(jfn): live bytes while each op of memfuse's traces runs, the
-  input order against memfuse's plan.  Simulated by the C core's cost model.
+- plot_timeline(jfn, measured=compare(jfn, *args)): live bytes while each op of
+  memfuse's traces runs, the input order against memfuse's plan, simulated by the
+  C core's cost model, and memfuse's measured by the profiler where given.
 - plot_comparison(rows): bars of peak memory and time per variant (eager,
   torch.compile, Thunder, memfuse...), as measured by the caller.
 - plot_memory_over_time(curves): measured live bytes over a call's wall time
@@ -39,7 +40,7 @@ def _finish(plt, fig, path):
     return fig
 
 
-def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] | None = None):
+def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] | None = None, measured=None):
     """Live memory while each op runs, per trace memfuse transformed (forward,
     backward): Thunder's input order against memfuse's plan.
 
@@ -47,6 +48,9 @@ def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] 
     path: also save the figure there (PNG, SVG, PDF... by its suffix).
     Both curves are simulated with the core's cost model (bytes above the
     inputs; a fused group counts as one step and is drawn at its first op).
+    measured: a Comparison from thunder_memfuse.measure.compare(jfn, *args); its
+    profiler curve of memfuse's final trace is drawn too, step by step at the same
+    op positions, above the same start.
     Returns the matplotlib Figure.
     """
     from ._report import _memfuse_traces, _schedules
@@ -66,12 +70,22 @@ def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] 
         ax.step(xs + [k], [b / MIB for b in sa] + [sa[-1] / MIB if sa else 0.0], where="post",
                 label=f"memfuse, simulated (peak {pa / MIB:.2f} MiB"
                       + (f", {len(info['plan']['groups'])} steps with its regions" if k != len(xs) else "") + ")")
+        mt = getattr(measured, "traces", {}).get(kind) if measured is not None else None
+        if mt is not None and mt.steps:
+            ys = [(r["measured"] + mt.start_simulated) / MIB for r in mt.steps]
+            if len(ys) == len(xs):
+                mx = list(xs)
+            else:  # the final trace's steps do not line up with the plan's groups: spread them evenly
+                mx = [k * i / len(ys) for i in range(len(ys))]
+            ax.step(mx + [k], ys + [ys[-1]], where="post", linestyle="--",
+                    label=f"memfuse, measured (torch.profiler; peak {max(ys):.2f} MiB)")
         lb = info["plan"].get("lower_bound_bytes")
         if lb:  # the bound of unfused orders (format_report gives it beside the unfused figures)
             below = " (memfuse's regions go below it: their inner values never reach memory)" if pa < lb else ""
             ax.axhline(lb / MIB, color="grey", linestyle=":", linewidth=1,
                        label=f"lower bound of unfused orders ({lb / MIB:.2f} MiB){below}")
-        ax.set_title(f"{kind} trace: simulated memory while each op runs ({len(sb)} ops)")
+        ax.set_title(f"{kind} trace: {'simulated and measured' if mt is not None else 'simulated'} memory while "
+                     f"each op runs ({len(sb)} ops)")
         ax.set_xlabel("op in schedule")
         ax.set_ylabel("MiB above inputs")
         ax.legend(loc="best", fontsize="small")
