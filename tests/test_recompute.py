@@ -121,6 +121,12 @@ def test_recompute_is_off_without_a_budget_or_cheap_ops():
     assert "recompute" not in _C.plan(ops, vb, recompute=4, cheap=[1, 0, 0, 0, 0], **kw)  # over budget
     got = _C.plan(ops, vb, recompute=8, cheap=[1, 0, 0, 0, 0], **kw)
     assert got["peak_bytes"] < plain["peak_bytes"] and got["recompute"]["copied_bytes"] == 8
+    import thunder_memfuse as tm
+
+    p = tm.plan(ops, vb, recompute=8, cheap=[1, 0, 0, 0, 0], **kw)  # the Python face carries the record
+    assert p.peak_bytes == got["peak_bytes"] and p.recompute["splits"] == 1
+    assert p.peak_bytes_without_recompute == plain["peak_bytes"]
+    assert tm.plan(ops, vb, **kw).recompute is None
     with pytest.raises(ValueError, match="cheap has 2 entries"):
         _C.plan(ops, vb, recompute=8, cheap=[1, 0], **kw)
     with pytest.raises(ValueError, match="recompute"):

@@ -37,6 +37,8 @@ def plan(
     fusion_moves: bool = True,
     comm: _Pairs = (),
     comm_overlap: bool = True,
+    recompute: int = 0,
+    cheap: Sequence[object] | None = None,
 ) -> dict[str, Any]: ...
 def simulate(
     ops: Sequence[tuple[_Ids, _Ids] | Sequence[_Ids]],
@@ -64,6 +66,8 @@ def plan_trace(
     freeable: Any = None,
     epilogue_pair: Callable[[Any, Any], object] | None = None,
     comm_overlap: bool = True,
+    recompute: int = 0,
+    recomputable: Callable[[Any], object] | None = None,
 ) -> dict[str, Any]: ...
 def _validate_max_states(max_states: int | None, /) -> int | None: ...
 

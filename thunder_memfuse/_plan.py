@@ -42,13 +42,18 @@ class Plan:
     method: str = field(default="")
     fusion_moves: int = 0
     comm_moves: int = 0
+    # recompute: None, or what plan(recompute=...) copied (csrc/core/mf_remat.c NOTE
+    # [recomputation]): origin (op of the graph each op of `order` is or copies), value_origin,
+    # splits, copied_bytes, graph (the graph with the copies, which `order` and `groups` index)
+    recompute: Optional[dict] = None
+    peak_bytes_without_recompute: Optional[int] = None
 
 
 def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequence[int] = (),
          graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (), fusible: Optional[Sequence[bool | int]] = None,
          after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
          epilogues: Sequence[Pair] = (), fusion_moves: bool = True, comm: Sequence[Pair] = (),
-         comm_overlap: bool = True) -> Plan:
+         comm_overlap: bool = True, recompute: int = 0, cheap: Optional[Sequence[bool]] = None) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -74,10 +79,16 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
     Bad input raises ValueError or TypeError naming the problem, including
     sizes whose total (values that are not graph inputs or views) passes
     2**61 - 1 bytes, and two different `epilogues` heads for one op.
+    recompute: a budget in bytes; with `cheap` (one flag per op: may run again
+    and give the same values), a cheap op's result kept alive across the peak
+    may instead be computed again before its later readers (csrc/core/mf_remat.c
+    NOTE [recomputation]), kept where it lowers the planned peak: then
+    `recompute` says what was copied and `order`/`groups` index its `graph`.
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
-                fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap)
+                fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap, recompute=recompute,
+                cheap=cheap)
     return Plan(**d)
 
 
