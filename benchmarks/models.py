@@ -10,7 +10,8 @@ each `kernels=` value MemFuse accepts (when it has that option).
 Workloads (benchmarks/workloads.py): the seed's two functions; nanoGPT
 (thunder.tests.nanogpt_model) and a Llama-style model (RMSNorm, rotary
 embedding, SwiGLU), each a training step, plain and with per-block activation
-checkpointing.
+checkpointing; a GPT-2-style model (nanoGPT's blocks with Hugging Face GPT-2's
+explicit tanh GELU), a plain training step.
 
 Figures per workload and variant: first call (compile + one step) in s, with a
 fresh Inductor cache unless --warm-cache; the
