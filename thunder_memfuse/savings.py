@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ._compare import _tensors  # every tensor in nested lists, tuples and dicts
+
 MIB = float(1 << 20)
 
 
@@ -187,19 +189,6 @@ def _sync(cuda):
         import torch
 
         torch.cuda.synchronize()
-
-
-def _tensors(x):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors(y)
 
 
 def _detached(x):

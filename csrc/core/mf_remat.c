@@ -93,13 +93,12 @@ typedef struct roots {
     int32_t *last;            /* nv: last op reading the root's storage (any alias, views too), -1 */
 } roots;
 
-static int is_view_op(const wgraph *w, const roots *R, int32_t op)
+static int is_view_op(const wgraph *w, int32_t op)
 {
     int32_t j;
     for (j = w->out_ptr[op]; j < w->out_ptr[op + 1]; j++)
         if (w->alias_of[w->out_idx[j]] >= 0)
             return 1;
-    (void)R;
     return 0;
 }
 
@@ -142,7 +141,7 @@ static int roots_build(mf_ctx *ctx, mf_arena *a, const wgraph *w, roots *R)
     }
     /* readers: ops reading some alias of r that do not produce a view of r */
     for (k = 0; k < w->n; k++) {
-        int view = is_view_op(w, R, k);
+        int view = is_view_op(w, k);
         for (j = w->in_ptr[k]; j < w->in_ptr[k + 1]; j++) {
             int32_t r = R->root[w->in_idx[j]], i2, dup = 0;
             R->last[r] = k;
@@ -163,7 +162,7 @@ static int roots_build(mf_ctx *ctx, mf_arena *a, const wgraph *w, roots *R)
         return MF_ENOMEM;
     memset(cnt, 0, sizeof(int32_t) * (size_t)(w->nv + 1));
     for (k = 0; k < w->n; k++) {
-        if (is_view_op(w, R, k))
+        if (is_view_op(w, k))
             continue;
         for (j = w->in_ptr[k]; j < w->in_ptr[k + 1]; j++) {
             int32_t r = R->root[w->in_idx[j]], i2, dup = 0;
@@ -217,7 +216,7 @@ static int b_reserve(mf_ctx *ctx, builder *b, int32_t ops, int32_t vals)
     mf_arena *a = &w->arena;
     int32_t co = b->cap_ops, cv = b->cap_v, st;
     if (ops + 1 > co) {
-        int32_t c1 = co, c2 = co, c3 = co, c4 = co, c5 = co, c6 = co, c7 = co, c8 = co, c9 = co;
+        int32_t c1 = co, c2 = co, c3 = co, c4 = co, c5 = co, c6 = co, c7 = co;
         if ((st = grow(ctx, a, (void **)&w->in_ptr, &c1, ops + 1, sizeof(int32_t))) ||
             (st = grow(ctx, a, (void **)&w->out_ptr, &c2, ops + 1, sizeof(int32_t))) ||
             (st = grow(ctx, a, (void **)&w->epi, &c3, ops + 1, sizeof(int32_t))) ||
@@ -226,8 +225,6 @@ static int b_reserve(mf_ctx *ctx, builder *b, int32_t ops, int32_t vals)
             (st = grow(ctx, a, (void **)&w->comm, &c6, ops + 1, 1)) ||
             (st = grow(ctx, a, (void **)&w->cheap, &c7, ops + 1, 1)))
             return st;
-        (void)c8;
-        (void)c9;
         b->cap_ops = c1;
     }
     if (vals > cv) {

@@ -84,253 +84,8 @@
  * forms the pair only where it is valid and pays (mf_fuse.c NOTE [epilogue
  * pairs]).
  */
-#include "mf_py.h"
-#include <math.h>
+#include "trace_walk.h"
 #include <string.h>
-
-#define MF_EFF_ORDERED 1
-#define MF_EFF_WRITES 2
-#define MF_EFF_COMM 4
-#define MF_EFF_WAIT 8
-
-typedef struct {
-    PyObject *tensor_type, *aliases, *prologue_ids, *drop_ids, *return_ids, *effects, *fusible;
-    PyObject *epilogue_pair; /* callable or NULL / None */
-    PyObject *recomputable;  /* callable or NULL / None: NOTE [recompute candidates] */
-    long long recompute;     /* budget in bytes; 0: none */
-} cfg_t;
-
-/* Per-walk state: name -> value id, per-storage readers (linked lists). */
-typedef struct {
-    mf_gbuf g;
-    PyObject *ids;      /* dict: proxy name -> int value id */
-    PyObject *names;    /* list: value id -> proxy name */
-    int32_t *root;      /* value -> ordering root: the storage it (may) share (NOTE [views]) */
-    int32_t *last_writer; /* value (root) -> op or -1 */
-    int32_t *head;      /* root -> first reader entry or -1 */
-    int32_t cap_v;
-    int32_t *rd_op, *rd_next; /* reader entries */
-    int32_t n_rd, cap_rd;
-    int32_t prev_ordered;
-    uint8_t *comm;      /* op -> MF_COMM_* (grows with ops) */
-    int32_t cap_comm;
-    uint8_t *cheap;     /* op -> may be recomputed (grows with ops) */
-    int32_t cap_cheap;
-    int any_comm;
-} walk_t;
-
-static int walk_grow_values(walk_t *w, int32_t need)
-{
-    int64_t nc;
-    int32_t *r, *lw, *h;
-    if (need <= w->cap_v)
-        return 0;
-    nc = w->cap_v ? (int64_t)w->cap_v * 2 : 64;
-    while (nc < need)
-        nc *= 2;
-    if (nc > INT32_MAX)
-        return -1;
-    r = PyMem_RawRealloc(w->root, sizeof(int32_t) * (size_t)nc);
-    if (!r)
-        return -1;
-    w->root = r;
-    lw = PyMem_RawRealloc(w->last_writer, sizeof(int32_t) * (size_t)nc);
-    if (!lw)
-        return -1;
-    w->last_writer = lw;
-    h = PyMem_RawRealloc(w->head, sizeof(int32_t) * (size_t)nc);
-    if (!h)
-        return -1;
-    w->head = h;
-    w->cap_v = (int32_t)nc;
-    return 0;
-}
-
-static int add_reader(walk_t *w, int32_t root, int32_t op)
-{
-    if (w->n_rd + 1 > w->cap_rd) {
-        int32_t nc = w->cap_rd ? w->cap_rd * 2 : 256;
-        int32_t *a = PyMem_RawRealloc(w->rd_op, sizeof(int32_t) * (size_t)nc), *b;
-        if (!a)
-            return -1;
-        w->rd_op = a;
-        b = PyMem_RawRealloc(w->rd_next, sizeof(int32_t) * (size_t)nc);
-        if (!b)
-            return -1;
-        w->rd_next = b;
-        w->cap_rd = nc;
-    }
-    w->rd_op[w->n_rd] = op;
-    w->rd_next[w->n_rd] = w->head[root];
-    w->head[root] = w->n_rd++;
-    return 0;
-}
-
-static void walk_free(walk_t *w)
-{
-    mf_gbuf_free(&w->g);
-    Py_XDECREF(w->ids);
-    Py_XDECREF(w->names);
-    PyMem_RawFree(w->root);
-    PyMem_RawFree(w->last_writer);
-    PyMem_RawFree(w->head);
-    PyMem_RawFree(w->rd_op);
-    PyMem_RawFree(w->rd_next);
-    PyMem_RawFree(w->comm);
-    PyMem_RawFree(w->cheap);
-}
-
-/* Make w->cheap hold at least n ops (new entries 0). */
-static int grow_cheap(walk_t *w, int32_t n)
-{
-    int32_t nc;
-    uint8_t *p;
-    if (n <= w->cap_cheap)
-        return 0;
-    nc = w->cap_cheap ? w->cap_cheap * 2 : 256;
-    while (nc < n)
-        nc *= 2;
-    if (!(p = PyMem_RawRealloc(w->cheap, (size_t)nc)))
-        return -1;
-    memset(p + w->cap_cheap, 0, (size_t)(nc - w->cap_cheap));
-    w->cheap = p;
-    w->cap_cheap = nc;
-    return 0;
-}
-
-/* Bytes of a proxy (see NOTE [sizes]); -1 with an exception on failure. */
-static int proxy_bytes(const cfg_t *c, PyObject *p, PyObject *name, int64_t *out)
-{
-    PyObject *shape = NULL, *seq = NULL, *dtype = NULL, *db = NULL;
-    int is_t;
-    double numel = 1.0, per;
-    Py_ssize_t i;
-    int rc = -1;
-
-    *out = 0;
-    if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
-        return -1;
-    if (!is_t)
-        return 0;
-    if (!(shape = PyObject_GetAttrString(p, "shape")))
-        goto done;
-    if (!(seq = mf_py_tuple(shape, "TensorProxy.shape")))
-        goto done;
-    for (i = 0; i < PyTuple_GET_SIZE(seq); i++) {
-        PyObject *d = PyTuple_GET_ITEM(seq, i), *val = NULL;
-        long long v;
-        if (!PyLong_CheckExact(d)) {
-            /* a symbolic dimension (IntegerProxy): plan for the value it had when
-             * traced (NOTE [sizes]); without one the size is unknown */
-            val = PyObject_GetAttrString(d, "value");
-            if (!val || !PyLong_CheckExact(val)) {
-                Py_XDECREF(val);
-                PyErr_Clear();
-                PyErr_Format(PyExc_ValueError, "unknown shape: dimension %zd of %S is %.60s without an int value",
-                             i, name, Py_TYPE(d)->tp_name);
-                goto done;
-            }
-            d = val;
-        }
-        v = PyLong_AsLongLong(d);
-        Py_XDECREF(val);
-        if (v == -1 && PyErr_Occurred())
-            goto done;
-        if (v < 0) {
-            PyErr_Format(PyExc_ValueError, "unknown shape: dimension %zd of %S is negative", i, name);
-            goto done;
-        }
-        numel *= (double)v;
-    }
-    if (!(dtype = PyObject_GetAttrString(p, "dtype")))
-        goto done;
-    if (!(db = PyObject_GetAttrString(dtype, "bytes")))
-        goto done;
-    per = PyFloat_AsDouble(db);
-    if (per == -1.0 && PyErr_Occurred())
-        goto done;
-    if (!(per >= 0.0) || numel * per > 9.0e18) {
-        PyErr_Format(PyExc_ValueError, "size of %S out of range", name);
-        goto done;
-    }
-    *out = (int64_t)ceil(numel * per);
-    rc = 0;
-done:
-    Py_XDECREF(shape);
-    Py_XDECREF(seq);
-    Py_XDECREF(dtype);
-    Py_XDECREF(db);
-    return rc;
-}
-
-/* Value id of a proxy read by an op; unknown names become graph inputs. */
-static int32_t value_of(walk_t *w, const cfg_t *c, PyObject *p, int create_as_input)
-{
-    PyObject *name = PyObject_GetAttrString(p, "name"), *idobj;
-    int32_t v = -1;
-    int64_t bytes;
-    if (!name)
-        return -1;
-    idobj = PyDict_GetItemWithError(w->ids, name); /* borrowed */
-    if (idobj) {
-        v = (int32_t)PyLong_AsLong(idobj);
-        goto done;
-    }
-    if (PyErr_Occurred() || !create_as_input)
-        goto done;
-    if (proxy_bytes(c, p, name, &bytes) < 0)
-        goto done;
-    if ((v = mf_gbuf_add_value(&w->g, bytes, 1)) < 0 || walk_grow_values(w, v + 1) < 0) {
-        PyErr_NoMemory();
-        v = -1;
-        goto done;
-    }
-    w->root[v] = v;
-    w->last_writer[v] = -1;
-    w->head[v] = -1;
-    {
-        PyObject *iv = PyLong_FromLong(v);
-        if (!iv || PyDict_SetItem(w->ids, name, iv) < 0 || PyList_Append(w->names, name) < 0) {
-            Py_XDECREF(iv);
-            v = -1;
-            goto done;
-        }
-        Py_DECREF(iv);
-    }
-done:
-    Py_DECREF(name);
-    return v;
-}
-
-/* A new value produced by op `op`; alias_base >= 0 makes it a view. */
-static int32_t new_value(walk_t *w, const cfg_t *c, PyObject *p, int32_t alias_base)
-{
-    PyObject *name = PyObject_GetAttrString(p, "name"), *iv = NULL;
-    int32_t v = -1;
-    int64_t bytes;
-    if (!name)
-        return -1;
-    if (proxy_bytes(c, p, name, &bytes) < 0)
-        goto done;
-    if ((v = mf_gbuf_add_value(&w->g, bytes, 0)) < 0 || walk_grow_values(w, v + 1) < 0) {
-        PyErr_NoMemory();
-        v = -1;
-        goto done;
-    }
-    w->last_writer[v] = -1;
-    w->head[v] = -1;
-    w->root[v] = v;
-    if (alias_base >= 0) {
-        w->g.alias_of[v] = alias_base;
-        w->root[v] = w->root[alias_base];
-    }
-    if (!(iv = PyLong_FromLong(v)) || PyDict_SetItem(w->ids, name, iv) < 0 || PyList_Append(w->names, name) < 0)
-        v = -1;
-done:
-    Py_XDECREF(iv);
-    Py_DECREF(name);
-    return v;
-}
 
 static int contains(PyObject *set, PyObject *key)
 {
@@ -381,7 +136,7 @@ static int alias_of_output(walk_t *w, const cfg_t *c, PyObject *al, PyObject *ar
             return -1;
         if (!arg_t)
             return 0;
-        if ((v = value_of(w, c, p, 0)) < 0)
+        if ((v = mf_walk_value_of(w, c, p, 0)) < 0)
             return PyErr_Occurred() ? -1 : 0;
     }
     *ord = v;
@@ -435,7 +190,7 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
     /* inputs, with read-after-write edges from the storage's last writer */
     for (i = 0; i < PyTuple_GET_SIZE(argseq); i++) {
         PyObject *p = PyTuple_GET_ITEM(argseq, i);
-        int32_t v = value_of(w, c, p, 1), rt;
+        int32_t v = mf_walk_value_of(w, c, p, 1), rt;
         int is_t;
         if (v < 0)
             goto done;
@@ -448,14 +203,14 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         rt = w->root[v];
         if (w->last_writer[rt] >= 0 && w->last_writer[rt] != op && mf_gbuf_after(&w->g, w->last_writer[rt], op) < 0)
             goto nomem;
-        if (add_reader(w, rt, op) < 0)
+        if (mf_walk_add_reader(w, rt, op) < 0)
             goto nomem;
     }
     /* write-after-read: after every earlier reader of each written storage */
     if (flags & MF_EFF_WRITES) {
         for (i = 0; i < PyTuple_GET_SIZE(argseq); i++) {
             PyObject *p = PyTuple_GET_ITEM(argseq, i);
-            int32_t v = value_of(w, c, p, 0), rt, e;
+            int32_t v = mf_walk_value_of(w, c, p, 0), rt, e;
             if (v < 0) {
                 if (PyErr_Occurred())
                     goto done;
@@ -503,7 +258,7 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
             goto done;
         if ((flags & MF_EFF_WAIT) && is_t)
             mem_base = ord_base = first_tensor;
-        v = new_value(w, c, p, mem_base);
+        v = mf_walk_new_value(w, c, p, mem_base);
         if (v < 0)
             goto done;
         if (ord_base >= 0)
@@ -540,7 +295,7 @@ static int add_op(walk_t *w, const cfg_t *c, PyObject *bsym, PyObject *sym, int3
         Py_CLEAR(r);
         if (t < 0)
             goto done;
-        if (grow_cheap(w, op + 1) < 0)
+        if (mf_walk_grow_cheap(w, op + 1) < 0)
             goto nomem;
         w->cheap[op] = (uint8_t)t;
     }
@@ -623,7 +378,7 @@ static int32_t saved_value(walk_t *w, const cfg_t *c, PyObject *p, PyObject *fre
     long long nbytes;
     int32_t root, v = -1;
     if (!PyDict_Check(freeable))
-        return new_value(w, c, p, -1);
+        return mf_walk_new_value(w, c, p, -1);
     if (!(name = PyObject_GetAttrString(p, "name")))
         return -1;
     entry = PyDict_GetItemWithError(freeable, name); /* borrowed */
@@ -646,7 +401,7 @@ static int32_t saved_value(walk_t *w, const cfg_t *c, PyObject *p, PyObject *fre
     if (!rootobj && PyErr_Occurred())
         goto done;
     if (rootobj) {
-        v = new_value(w, c, p, (int32_t)PyLong_AsLong(rootobj));
+        v = mf_walk_new_value(w, c, p, (int32_t)PyLong_AsLong(rootobj));
         goto done;
     }
     {
@@ -654,9 +409,9 @@ static int32_t saved_value(walk_t *w, const cfg_t *c, PyObject *p, PyObject *fre
         if (same < 0)
             goto done;
         if (same) {
-            root = v = new_value(w, c, p, -1);
+            root = v = mf_walk_new_value(w, c, p, -1);
         } else {
-            if ((root = mf_gbuf_add_value(&w->g, (int64_t)nbytes, 0)) < 0 || walk_grow_values(w, root + 1) < 0) {
+            if ((root = mf_gbuf_add_value(&w->g, (int64_t)nbytes, 0)) < 0 || mf_walk_grow_values(w, root + 1) < 0) {
                 PyErr_NoMemory();
                 goto done;
             }
@@ -669,7 +424,7 @@ static int32_t saved_value(walk_t *w, const cfg_t *c, PyObject *p, PyObject *fre
                     PyErr_NoMemory();
                 goto done;
             }
-            v = new_value(w, c, p, root);
+            v = mf_walk_new_value(w, c, p, root);
         }
     }
     if (root < 0 || !(iv = PyLong_FromLong(root)) || PyDict_SetItem(storages, key, iv) < 0)
@@ -812,7 +567,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
                         Py_DECREF(os);
                         goto done;
                     }
-                } else if (value_of(&w, &c, p, 1) < 0) {
+                } else if (mf_walk_value_of(&w, &c, p, 1) < 0) {
                     Py_DECREF(outs);
                     Py_DECREF(os);
                     goto done;
@@ -864,7 +619,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
             goto done;
         }
         for (k = 0; k < PyTuple_GET_SIZE(as); k++) {
-            int32_t v = value_of(&w, &c, PyTuple_GET_ITEM(as, k), 1);
+            int32_t v = mf_walk_value_of(&w, &c, PyTuple_GET_ITEM(as, k), 1);
             if (v < 0) {
                 Py_DECREF(args);
                 Py_DECREF(as);
@@ -904,7 +659,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
                 if (w.last_writer[w.root[w.g.out_idx[j]]] >= 0)
                     w.cheap[k] = 0;
         }
-        if (grow_cheap(&w, w.g.n_ops + 1) < 0) {
+        if (mf_walk_grow_cheap(&w, w.g.n_ops + 1) < 0) {
             PyErr_NoMemory();
             goto done;
         }
@@ -947,7 +702,7 @@ done:
     Py_XDECREF(groups);
     Py_XDECREF(graph);
     Py_XDECREF(storages);
-    walk_free(&w);
+    mf_walk_free(&w);
     mf_gbuf_free(&used);
     return out;
 }
