@@ -132,7 +132,8 @@ def test_random_straight_line_programs(seed):
 
 
 def test_random_ops_never_join_a_region():
-    from thunder_memfuse._thunder import _never_random
+    from thunder_memfuse import _C
+    from thunder_memfuse._records import records
 
     def f(x):
         return torch.nn.functional.dropout(x.sin(), 0.5).cos()
@@ -143,9 +144,12 @@ def test_random_ops_never_join_a_region():
     rand = [b for b in trace.bound_symbols if is_random(b)]
     plain = [b for b in trace.bound_symbols if b.sym.name in ("sin", "cos")]
     assert rand and plain
-    allow_all = _never_random(lambda b: True)
-    assert not any(allow_all(b) for b in rand)
-    assert all(allow_all(b) for b in plain)
+    # even a compiler that would fuse anything is never asked about a random op: its record
+    # is ordered and not fusible
+    recs = records(trace.bound_symbols, fusible=lambda b: True, epilogue_role=lambda b: 0, recompute=False)
+    by = dict(zip(map(id, trace.bound_symbols), recs))
+    assert all(by[id(b)][1] & _C.EFF_ORDERED and not by[id(b)][2] for b in rand)
+    assert all(by[id(b)][2] for b in plain)
 
 
 def test_random_ops_in_a_torchcompile_compilation():

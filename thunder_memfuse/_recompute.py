@@ -6,8 +6,8 @@ wherever it runs: every prim it decomposes into is elementwise (Thunder's elemen
 binary prims, `where`, type conversion) or a shape op (reshape, broadcast, transpose, slice, ...,
 tagged SHAPE_OP), and it has tensor outputs only.  Never: matmuls, convolutions, attention,
 reductions, random ops, in-place writes and other effects, collectives, other executors' fusion
-regions.  The C reader also refuses any op that reads or makes a storage something writes in place
-(trace.c NOTE [recompute candidates]).
+regions.  The core's graph builder also refuses any op that reads or makes a storage something writes in place
+(csrc/core/mf_build.c NOTE [recompute candidates]).
 
 NOTE [emitting copies]  plan_trace gives an op whose graph node reads or makes a value the copies
 introduced as (bound symbol, ((value, new value), ...)).  Each new value gets a fresh proxy like the
@@ -60,7 +60,15 @@ def recomputable(bsym) -> bool:
     """NOTE [cheap ops]."""
     from . import _thunder
 
-    if getattr(bsym.sym, "is_fusion", False) or _thunder.is_random(bsym) or _thunder.effects(bsym):
+    if _thunder.is_random(bsym) or _thunder.effects(bsym):
+        return False
+    return cheap_op(bsym)
+
+
+def cheap_op(bsym) -> bool:
+    """NOTE [cheap ops], for an op already known to have no effect (no random draw, no write, no
+    ordered effect: _records.py asks only about those)."""
+    if getattr(bsym.sym, "is_fusion", False):
         return False
     outs = bsym.flat_proxy_outs
     if not outs or not all(isinstance(o, TensorProxy) for o in outs):

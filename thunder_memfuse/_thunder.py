@@ -1,7 +1,8 @@
 """What thunder_memfuse knows about Thunder's symbols.
 
 The C trace reader (csrc/python/trace.c) knows no symbol by name; this module
-gives it the sets and predicates it classifies bound symbols with.  Everything
+holds the sets and predicates that classify bound symbols, which _records.py
+turns into one record per bound symbol (NOTE [op records]).  Everything
 here is read from Thunder itself (prims.PrimIDs, OpTags, ltorch's view tables)
 so it follows the installed Thunder.
 """
@@ -86,7 +87,9 @@ def _ids(bsym):
 # carries no RANDOM_OP tag and no subsymbols), so they are found by what they
 # are: the symbol's name or id, at any depth, with any executor prefix
 # ("torch.bernoulli", "PrimIDs.UNIFORM") removed.  Over-matching only adds an
-# ordering edge, which never makes a program wrong.
+# ordering edge, which never makes a program wrong.  effects() marks them ordered, and
+# an op with an effect never joins a region (_records.py NOTE [op records]), so
+# no region compiler draws them its own way.
 RANDOM_NAMES = frozenset(
     {
         "uniform", "uniform_", "uniform_like", "uniform_philox", "rand", "rand_like", "randn", "randn_like",
@@ -116,7 +119,7 @@ def is_random(bsym) -> bool:
 
 
 def effects(bsym) -> int:
-    """Ordering flags of a bound symbol (csrc/python/trace.c NOTE [ordering edges]
+    """Ordering flags of a bound symbol (csrc/core/mf_build.c NOTE [ordering edges]
     and NOTE [collectives])."""
     comm = comm_kind(bsym)
     if comm == "issue":
@@ -177,64 +180,42 @@ def _fusible_predicate():
     return fusible_bsym
 
 
-def _never_random(pred):
-    """A region compiler draws random numbers its own way (Inductor's RNG is
-    not eager's), so a random op never joins a region: it runs as the same
-    torch call plain Thunder makes (NOTE [random ops]).  The predicate's level is
-    kept: 2 is "fusible, its tensors stored" (regions/torchcompile.py NOTE
-    [extern ops in regions])."""
-    def level(bsym):
-        if is_random(bsym):
-            return False
-        v = pred(bsym)
-        return 2 if type(v) is int and v == 2 else bool(v)
-
-    return level
-
-
-def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_pair=None,
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_role=None,
                comm_overlap=True, recompute=0):
     """Run the C trace reader and planner on a list of bound symbols.
 
+    fusible(bsym): the region compiler's fusible level (default: the nvrtc
+    code generator's); it is never asked about an op with an effect, so a
+    random op never joins a region (NOTE [random ops]).
     freeable: names of prologue tensors the trace frees after their last use
     (a backward's saved activations: trace.c NOTE [freeable saved tensors]),
     or saved_storages()'s mapping {name: (storage key, bytes)}, which also says
     which of them share one storage.
-    epilogue_pair(gemm_bsym, bsym): may bsym run as gemm's epilogue (default:
-    regions.nvrtc.epilogue_pair; trace.c NOTE [epilogue candidates]).
+    epilogue_role(bsym): EPI_HEAD / EPI_TAIL bits (default: regions.nvrtc's;
+    csrc/core/mf_build.c NOTE [epilogue candidates]).
     comm_overlap: issue collectives early and waits late within the planned
     peaks (csrc/core/mf_comm.c NOTE [collective overlap]).
     recompute: the bytes copies of cheap ops may write (csrc/core/mf_remat.c
     NOTE [recomputation]; 0: none); _recompute.emit turns the result's copies
-    into bound symbols."""
-    from ._aliases import aliases
+    into bound symbols.  The records are _records.py's (NOTE [op records])."""
+    from ._records import records
 
-    if epilogue_pair is None:
-        from .regions.nvrtc import epilogue_pair
+    if epilogue_role is None:
+        from .regions.nvrtc import epilogue_role
+    bsyms = list(bsyms)
+    recs = records(bsyms, fusible=fusible or _fusible_predicate(), epilogue_role=epilogue_role,
+                   recompute=bool(recompute))
     return _C.plan_trace(
         bsyms,
-        # futures are sized like tensors (trace.c NOTE [collectives])
+        recs,
+        # futures are sized like tensors (mf_build.c NOTE [collectives])
         tensor_type=(TensorProxy, FutureTensorProxy),
-        aliases=aliases,
-        prologue_ids=PROLOGUE_IDS,
-        drop_ids=DROP_IDS,
-        return_ids=RETURN_IDS,
-        effects=effects,
-        fusible=_never_random(fusible or _fusible_predicate()),
         max_states=max_states,
         fuse=fuse,
         freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
-        epilogue_pair=epilogue_pair,
         comm_overlap=comm_overlap,
         recompute=int(recompute),
-        recomputable=_recompute_pred() if recompute else None,
     )
-
-
-def _recompute_pred():
-    from ._recompute import recomputable
-
-    return recomputable
 
 
 def saved_storages(forward_trace) -> dict:

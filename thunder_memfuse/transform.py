@@ -263,7 +263,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         comp = regions.compiler(compiler)
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms, compiler),
                                   freeable=freeable, fusible=self._fusible_for(bsyms),
-                                  epilogue_pair=comp.epilogue_pair,
+                                  epilogue_role=comp.epilogue_role,
                                   comm_overlap=self.comm_overlap,
                                   recompute=_recompute.budget_bytes(bsyms, self.recompute))
         res = _recompute.emit(res, trace)

@@ -15,10 +15,12 @@ int mf_py_trace_exec(PyObject *module);   /* trace.c: Thunder trace reading */
 int mf_py_cuda_exec(PyObject *module);    /* cuda_py.c: CUDA loader, codegen, NVRTC, cuBLAS */
 
 #include "mf_core.h"
-#include "mf_gbuf.h"
+#include "mf_build.h"
 
 /* plan.c helpers shared with trace.c */
 void mf_py_ctx_init(mf_ctx *ctx);                      /* core ctx on PyMem_Raw */
+/* An empty growable graph on the binding's allocator (PyMem_Raw). */
+void mf_py_gbuf_init(mf_gbuf *b);
 /* errors.c NOTE [one error path]: any status of the core or the CUDA layer
  * with its message -> the exception; returns NULL.  mf_py_raise: the same
  * for a core ctx. */
@@ -50,7 +52,7 @@ PyObject *mf_py_tuple(PyObject *o, const char *what);
  * bool; TypeError / ValueError naming the range.  0 or -1. */
 int mf_py_max_states(PyObject *ms, long long *out);
 
-/* mf_gbuf.c: a built graph as plan()'s keyword arguments (ops, value_bytes,
+/* graph_dict.c: a built graph as plan()'s keyword arguments (ops, value_bytes,
  * graph_inputs, graph_outputs, aliases, fusible, after, comm), for reports
  * and timelines; NULL with an exception set on failure. */
 PyObject *mf_gbuf_to_dict(const mf_gbuf *g);

@@ -40,6 +40,13 @@ void mf_py_ctx_init(mf_ctx *ctx)
     mf_ctx_init(ctx, &a);
 }
 
+void mf_py_gbuf_init(mf_gbuf *b)
+{
+    mf_ctx c;
+    mf_py_ctx_init(&c);
+    mf_gbuf_init(b, &c);
+}
+
 /* ---- argument conversion ---- */
 
 /* An integer id in [0, limit); what/index name it in messages. */
@@ -506,7 +513,7 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
 {
     PyObject *plan, *info = NULL, *plan2 = NULL, *graph = NULL;
     mf_gbuf g2;
-    mf_gbuf_init(used);
+    mf_py_gbuf_init(used);
     plan = mf_py_run_plan(b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
     if (!plan || budget <= 0 || !cheap)
         return plan;
@@ -583,7 +590,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     if (!(empty = PyTuple_New(0)))
         return NULL;
-    mf_gbuf_init(&b);
+    mf_py_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
                     ep) == 0 &&
         (!cm || each_pair(cm, INT32_MAX, "comm", &b, sink_comm) == 0)) {
@@ -720,7 +727,7 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     if (!(empty = PyTuple_New(0)))
         return NULL;
-    mf_gbuf_init(&b);
+    mf_py_gbuf_init(&b);
     mf_py_ctx_init(&ctx);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, empty, NULL) < 0)
         goto done;

@@ -27,7 +27,7 @@ static PyObject *ids_list(const int32_t *a, int32_t n)
 static int fill_gbuf(const mf_remat_result *r, mf_gbuf *out)
 {
     int32_t v, k, j;
-    mf_gbuf_init(out);
+    mf_py_gbuf_init(out);
     for (v = 0; v < r->n_values; v++)
         if (mf_gbuf_add_value(out, r->value_bytes[v], r->is_input[v]) < 0)
             return -1;
@@ -72,7 +72,7 @@ int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long 
     int st, rc = -1;
 
     *info = NULL;
-    mf_gbuf_init(out);
+    mf_py_gbuf_init(out);
     memset(&res, 0, sizeof res);
     mf_py_ctx_init(&ctx);
     if (!order_o || !(seq = mf_py_tuple(order_o, "plan order")))

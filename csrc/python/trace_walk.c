@@ -1,93 +1,31 @@
 /*
  * trace_walk.c -- the trace reader's bookkeeping (trace_walk.h): values by
- * proxy name, their sizes, ordering roots and per-storage reader lists.
- * trace.c decides what each bound symbol is; this file only records it.
+ * proxy name and their sizes.  trace.c reads what each bound symbol is; the
+ * core's builder (csrc/core/mf_build.c) derives the graph's edges.
  */
 #include "trace_walk.h"
 #include <math.h>
 #include <string.h>
 
-int mf_walk_grow_values(walk_t *w, int32_t need)
+int mf_walk_raise(walk_t *w)
 {
-    int64_t nc;
-    int32_t *r, *lw, *h;
-    if (need <= w->cap_v)
-        return 0;
-    nc = w->cap_v ? (int64_t)w->cap_v * 2 : 64;
-    while (nc < need)
-        nc *= 2;
-    if (nc > INT32_MAX)
+    if (w->B.g.nomem) {
+        PyErr_NoMemory();
         return -1;
-    r = PyMem_RawRealloc(w->root, sizeof(int32_t) * (size_t)nc);
-    if (!r)
-        return -1;
-    w->root = r;
-    lw = PyMem_RawRealloc(w->last_writer, sizeof(int32_t) * (size_t)nc);
-    if (!lw)
-        return -1;
-    w->last_writer = lw;
-    h = PyMem_RawRealloc(w->head, sizeof(int32_t) * (size_t)nc);
-    if (!h)
-        return -1;
-    w->head = h;
-    w->cap_v = (int32_t)nc;
-    return 0;
-}
-
-int mf_walk_add_reader(walk_t *w, int32_t root, int32_t op)
-{
-    if (w->n_rd + 1 > w->cap_rd) {
-        int32_t nc = w->cap_rd ? w->cap_rd * 2 : 256;
-        int32_t *a = PyMem_RawRealloc(w->rd_op, sizeof(int32_t) * (size_t)nc), *b;
-        if (!a)
-            return -1;
-        w->rd_op = a;
-        b = PyMem_RawRealloc(w->rd_next, sizeof(int32_t) * (size_t)nc);
-        if (!b)
-            return -1;
-        w->rd_next = b;
-        w->cap_rd = nc;
     }
-    w->rd_op[w->n_rd] = op;
-    w->rd_next[w->n_rd] = w->head[root];
-    w->head[root] = w->n_rd++;
-    return 0;
+    mf_py_raise(&w->B.g.ctx, MF_EINVAL);
+    return -1;
 }
 
 void mf_walk_free(walk_t *w)
 {
-    mf_gbuf_free(&w->g);
-    Py_XDECREF(w->ids);
-    Py_XDECREF(w->names);
-    PyMem_RawFree(w->root);
-    PyMem_RawFree(w->last_writer);
-    PyMem_RawFree(w->head);
-    PyMem_RawFree(w->rd_op);
-    PyMem_RawFree(w->rd_next);
-    PyMem_RawFree(w->comm);
-    PyMem_RawFree(w->cheap);
-}
-
-/* Make w->cheap hold at least n ops (new entries 0). */
-int mf_walk_grow_cheap(walk_t *w, int32_t n)
-{
-    int32_t nc;
-    uint8_t *p;
-    if (n <= w->cap_cheap)
-        return 0;
-    nc = w->cap_cheap ? w->cap_cheap * 2 : 256;
-    while (nc < n)
-        nc *= 2;
-    if (!(p = PyMem_RawRealloc(w->cheap, (size_t)nc)))
-        return -1;
-    memset(p + w->cap_cheap, 0, (size_t)(nc - w->cap_cheap));
-    w->cheap = p;
-    w->cap_cheap = nc;
-    return 0;
+    mf_builder_free(&w->B);
+    Py_CLEAR(w->ids);
+    Py_CLEAR(w->names);
 }
 
 /* Bytes of a proxy (see NOTE [sizes]); -1 with an exception on failure. */
-int mf_walk_proxy_bytes(const cfg_t *c, PyObject *p, PyObject *name, int64_t *out)
+int mf_walk_proxy_bytes(const walk_t *w, PyObject *p, PyObject *name, int64_t *out)
 {
     PyObject *shape = NULL, *seq = NULL, *dtype = NULL, *db = NULL;
     int is_t;
@@ -96,7 +34,7 @@ int mf_walk_proxy_bytes(const cfg_t *c, PyObject *p, PyObject *name, int64_t *ou
     int rc = -1;
 
     *out = 0;
-    if ((is_t = PyObject_IsInstance(p, c->tensor_type)) < 0)
+    if ((is_t = PyObject_IsInstance(p, w->tensor_type)) < 0)
         return -1;
     if (!is_t)
         return 0;
@@ -152,7 +90,7 @@ done:
 }
 
 /* Value id of a proxy read by an op; unknown names become graph inputs. */
-int32_t mf_walk_value_of(walk_t *w, const cfg_t *c, PyObject *p, int create_as_input)
+int32_t mf_walk_value_of(walk_t *w, PyObject *p, int create_as_input)
 {
     PyObject *name = PyObject_GetAttrString(p, "name"), *idobj;
     int32_t v = -1;
@@ -166,56 +104,42 @@ int32_t mf_walk_value_of(walk_t *w, const cfg_t *c, PyObject *p, int create_as_i
     }
     if (PyErr_Occurred() || !create_as_input)
         goto done;
-    if (mf_walk_proxy_bytes(c, p, name, &bytes) < 0)
+    if (mf_walk_proxy_bytes(w, p, name, &bytes) < 0)
         goto done;
-    if ((v = mf_gbuf_add_value(&w->g, bytes, 1)) < 0 || mf_walk_grow_values(w, v + 1) < 0) {
-        PyErr_NoMemory();
+    if ((v = mf_build_input(&w->B, bytes)) < 0) {
+        mf_walk_raise(w);
+        goto done;
+    }
+    if (mf_walk_bind(w, p, v) < 0)
         v = -1;
-        goto done;
-    }
-    w->root[v] = v;
-    w->last_writer[v] = -1;
-    w->head[v] = -1;
-    {
-        PyObject *iv = PyLong_FromLong(v);
-        if (!iv || PyDict_SetItem(w->ids, name, iv) < 0 || PyList_Append(w->names, name) < 0) {
-            Py_XDECREF(iv);
-            v = -1;
-            goto done;
-        }
-        Py_DECREF(iv);
-    }
 done:
     Py_DECREF(name);
     return v;
 }
 
-/* A new value produced by op `op`; alias_base >= 0 makes it a view. */
-int32_t mf_walk_new_value(walk_t *w, const cfg_t *c, PyObject *p, int32_t alias_base)
+static int append_name(walk_t *w, PyObject *label, int32_t v)
+{
+    if (PyList_GET_SIZE(w->names) != v) {
+        PyErr_Format(PyExc_SystemError, "trace reader: value %d named out of order", (int)v);
+        return -1;
+    }
+    return PyList_Append(w->names, label);
+}
+
+int mf_walk_bind(walk_t *w, PyObject *p, int32_t v)
 {
     PyObject *name = PyObject_GetAttrString(p, "name"), *iv = NULL;
-    int32_t v = -1;
-    int64_t bytes;
+    int rc = -1;
     if (!name)
         return -1;
-    if (mf_walk_proxy_bytes(c, p, name, &bytes) < 0)
-        goto done;
-    if ((v = mf_gbuf_add_value(&w->g, bytes, 0)) < 0 || mf_walk_grow_values(w, v + 1) < 0) {
-        PyErr_NoMemory();
-        v = -1;
-        goto done;
-    }
-    w->last_writer[v] = -1;
-    w->head[v] = -1;
-    w->root[v] = v;
-    if (alias_base >= 0) {
-        w->g.alias_of[v] = alias_base;
-        w->root[v] = w->root[alias_base];
-    }
-    if (!(iv = PyLong_FromLong(v)) || PyDict_SetItem(w->ids, name, iv) < 0 || PyList_Append(w->names, name) < 0)
-        v = -1;
-done:
+    if ((iv = PyLong_FromLong(v)) && PyDict_SetItem(w->ids, name, iv) == 0 && append_name(w, name, v) == 0)
+        rc = 0;
     Py_XDECREF(iv);
     Py_DECREF(name);
-    return v;
+    return rc;
+}
+
+int mf_walk_label(walk_t *w, PyObject *label)
+{
+    return append_name(w, label, (int32_t)PyList_GET_SIZE(w->names));
 }

@@ -59,9 +59,14 @@ class RegionCompiler(Protocol):
         """May bsym be part of a region: 0 no, 1 yes, 2 yes with its tensors stored
         (regions/torchcompile.py NOTE [extern ops in regions])?"""
 
+    def epilogue_role(self, bsym) -> int:
+        """_C.EPI_HEAD (its kernel can apply an epilogue to its one output) and/or _C.EPI_TAIL
+        (it can be applied as one); the core pairs them (csrc/core/mf_build.c NOTE [epilogue
+        candidates])."""
+
     def epilogue_pair(self, gemm, act) -> bool:
-        """May `act` run as the epilogue of `gemm`, the two as one region (trace.c NOTE
-        [epilogue candidates])?"""
+        """May `act` run as the epilogue of `gemm`, the two as one region?  The roles, and `act`
+        reading `gemm`'s result alone (pair_by_roles)."""
 
     def region_of_one(self, bsym) -> bool:
         """Does this lone op run as a region of its own?"""
@@ -118,6 +123,29 @@ def pure(bsym) -> bool:
     from .. import _thunder
 
     return not _thunder.is_random(bsym) and not _thunder.effects(bsym)
+
+
+def same_as_one_read(act) -> bool:
+    """act makes one tensor, reads one tensor (any number of times) and nothing else sized, and
+    its result has that tensor's shape and dtype: what an epilogue tail must be."""
+    from thunder.core.proxies import TensorProxy
+
+    outs = [o for o in act.flat_proxy_outs if isinstance(o, TensorProxy)]
+    reads = {p.name: p for p in act.flat_proxy_args if isinstance(p, TensorProxy)}
+    if len(outs) != 1 or len(reads) != 1:
+        return False
+    (x,) = reads.values()
+    return tuple(x.shape) == tuple(outs[0].shape) and x.dtype == outs[0].dtype
+
+
+def pair_by_roles(role, gemm, act) -> bool:
+    """The epilogue pair the core would form from `role` (a compiler's epilogue_role): gemm a head,
+    act a tail that reads gemm's one result alone."""
+    from .. import _C
+
+    if not (role(gemm) & _C.EPI_HEAD) or not (role(act) & _C.EPI_TAIL):
+        return False
+    return epilogue_result(gemm, act) is not None
 
 
 def epilogue_result(gemm, act):

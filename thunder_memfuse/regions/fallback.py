@@ -8,7 +8,7 @@ epilogue_pair).  It is also what every other compiler's region runs where that c
 from __future__ import annotations
 
 from .base import Group, always, never, region_trace
-from .nvrtc import epilogue_pair, fusible  # noqa: F401  (the fallback plans as nvrtc does)
+from .nvrtc import epilogue_pair, epilogue_role, fusible  # noqa: F401  (the fallback plans as nvrtc does)
 
 name = "fallback"
 compiles_regions = False

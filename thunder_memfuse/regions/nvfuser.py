@@ -12,6 +12,7 @@ name = "nvfuser"
 compiles_regions = True
 expects_unsupported = False
 epilogue_pair = never
+epilogue_role = never  # no epilogue pairs: 0 (False) for every op
 region_of_one = never
 accepts = always
 

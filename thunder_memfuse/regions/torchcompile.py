@@ -35,7 +35,7 @@ import tempfile
 import threading
 import tokenize
 
-from .base import Group, always, epilogue_result, never, predicate, pure, region_trace, tensor_op
+from .base import Group, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read, tensor_op
 
 name = "torchcompile"
 compiles_regions = True
@@ -116,21 +116,30 @@ def is_extern(bsym) -> bool:
     return bsym.sym.name in _EXTERN_NAMES or OpTags.MATMUL_OP in gather_tags(bsym)
 
 
-@predicate(False)
-def epilogue_pair(gemm, act) -> bool:
-    """May `act` run as the epilogue of extern op `gemm` in one region (NOTE [extern ops in
-    regions])?  act is a pointwise op whose one tensor result has the shape and dtype of gemm's
-    one tensor result, which is all it reads.  Pointwise: no reduction in it (a final trace's
-    bound symbols do not always keep their prim decomposition, so this is read from tags and
-    names, not from the prims)."""
+@predicate(0)
+def epilogue_role(bsym) -> int:
+    """EPI_HEAD: an extern op with one tensor result (NOTE [extern ops in regions]); EPI_TAIL: a
+    pointwise op of one tensor, with that tensor's shape and dtype (csrc/core/mf_build.c NOTE
+    [epilogue candidates] pairs them).  Pointwise: no reduction in it (a final trace's bound
+    symbols do not always keep their prim decomposition, so this is read from tags and names, not
+    from the prims)."""
     from thunder.core.prims import OpTags
+    from thunder.core.proxies import TensorProxy
     from thunder.core.symbol import gather_tags
 
-    if not is_extern(gemm) or not fusible(act) or act.sym.name in _ROWWISE_NAMES:
-        return False
-    if OpTags.REDUCTION_OP in gather_tags(act):
-        return False
-    return epilogue_result(gemm, act) is not None
+    from .. import _C
+
+    if is_extern(bsym):
+        return _C.EPI_HEAD if sum(isinstance(o, TensorProxy) for o in bsym.flat_proxy_outs) == 1 else 0
+    if not fusible(bsym) or bsym.sym.name in _ROWWISE_NAMES or OpTags.REDUCTION_OP in gather_tags(bsym):
+        return 0
+    return _C.EPI_TAIL if same_as_one_read(bsym) else 0
+
+
+def epilogue_pair(gemm, act) -> bool:
+    """May `act` run as the epilogue of extern op `gemm` in one region (NOTE [extern ops in
+    regions])?"""
+    return pair_by_roles(epilogue_role, gemm, act)
 
 
 STORED = 2  # the core's MF_FUSIBLE_STORED (NOTE [extern ops in regions])

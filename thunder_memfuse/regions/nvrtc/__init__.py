@@ -30,7 +30,7 @@ from .gemm import cuda_linear, cuda_linear_act, cuda_matmul, cuda_matmul_act
 from .kernel import CudaRegion, build_cuda_region
 from .loader import KernelCompileError, cuda_status, library_search_dirs, nvrtc_compile
 from .lowering import SUPPORTED_DTYPES, fusible_bsym, view_only_bsym
-from ..base import EPILOGUE, ONE, Group, epilogue_result
+from ..base import EPILOGUE, ONE, Group, pair_by_roles, same_as_one_read
 
 name = "nvrtc"
 compiles_regions = True
@@ -87,25 +87,35 @@ EPILOGUE_SYMBOLS = {"matmul": "cuda_matmul_act", "linear": "cuda_linear_act"}
 _EPILOGUE_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def epilogue_pair(gemm, act) -> bool:
-    """Can bound symbol `act` run as the epilogue of bound symbol `gemm`?
-    (trace.c NOTE [epilogue candidates] asks this of candidates.)"""
+def epilogue_role(bsym) -> int:
+    """EPI_HEAD: a matmul or linear whose one tensor result cuBLASLt can write through an
+    activation; EPI_TAIL: a plain relu of one tensor (csrc/core/mf_build.c NOTE [epilogue
+    candidates] pairs them)."""
     from thunder.core.proxies import TensorProxy
 
-    if gemm.sym.name not in EPILOGUE_SYMBOLS or gemm.kwargs or act.sym.name != "relu":
-        return False
-    out = epilogue_result(gemm, act)
-    if out is None or not act.args or getattr(act.args[0], "name", None) != out.name:
-        return False
-    if any(a is not False for a in act.args[1:]) or any(v is not False for v in act.kwargs.values()):
-        return False  # relu(x, inplace=True) and anything unexpected
-    tensors = [a for a in gemm.flat_proxy_args if isinstance(a, TensorProxy)]
-    devices = {t.device.type for t in tensors}
-    if str(out.dtype).split(".")[-1].rstrip("_") not in _EPILOGUE_DTYPES or len(devices) != 1:
-        return False
-    # on CUDA the pair saves the pre-activation only if cuBLASLt runs it: without the library
-    # every call would fall back, so the plan's figure would not hold
-    return devices != {"cuda"} or _cublaslt_found()
+    from ... import _C
+
+    outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+    if len(outs) != 1:
+        return 0
+    if bsym.sym.name in EPILOGUE_SYMBOLS and not bsym.kwargs:
+        tensors = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+        devices = {t.device.type for t in tensors}
+        if str(outs[0].dtype).split(".")[-1].rstrip("_") not in _EPILOGUE_DTYPES or len(devices) != 1:
+            return 0
+        # on CUDA the pair saves the pre-activation only if cuBLASLt runs it: without the library
+        # every call would fall back, so the plan's figure would not hold
+        return _C.EPI_HEAD if devices != {"cuda"} or _cublaslt_found() else 0
+    if bsym.sym.name == "relu" and bsym.args and isinstance(bsym.args[0], TensorProxy):
+        if any(a is not False for a in bsym.args[1:]) or any(v is not False for v in bsym.kwargs.values()):
+            return 0  # relu(x, inplace=True) and anything unexpected
+        return _C.EPI_TAIL if same_as_one_read(bsym) else 0
+    return 0
+
+
+def epilogue_pair(gemm, act) -> bool:
+    """Can bound symbol `act` run as the epilogue of bound symbol `gemm`?"""
+    return pair_by_roles(epilogue_role, gemm, act)
 
 
 @functools.lru_cache(maxsize=1)
