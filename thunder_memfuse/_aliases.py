@@ -11,8 +11,8 @@ output is matched against the arguments' storages (`torch._C._is_alias_of`, or t
 
 - An output that shares an argument's storage in both layouts (or in one, where the op refuses
   the other, as `view` refuses a strided argument) always aliases it: a view for the memory model
-  as well (trace.c NOTE [views]).
-- One that shares it in one layout only *may* alias it: for ordering it is an alias (trace.c NOTE
+  as well (mf_build.c NOTE [views]).
+- One that shares it in one layout only *may* alias it: for ordering it is an alias (mf_build.c NOTE
   [ordering edges] follows storages), for memory a new allocation.  The model then over-counts
   where the op was a no-op, which never makes a plan wrong.
 - A fusion region (another executor's, or one an earlier pass formed) is read through its

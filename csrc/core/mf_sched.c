@@ -53,8 +53,8 @@
  * scaled by (small / k)^2 so that its time stays within that of a small
  * piece's run: real backward passes are one piece of hundreds of ops
  * (saved tensors come from one virtual op, and every op that reads only
- * saved tensors can run anywhere, so no cut is forced: csrc/python/trace.c
- * NOTE [freeable saved tensors]), and the DP, helped by free moves and glue
+ * saved tensors can run anywhere, so no cut is forced: mf_build.c NOTE
+ * [saved op]), and the DP, helped by free moves and glue
  * (NOTE [piece DP]), often settles them in a few thousand states (nanoGPT's
  * backward is proven optimal this way: benchmarks/RESULTS.md, "A real
  * model").  It is the same search over the same piece, so what it proves

@@ -119,7 +119,7 @@ def tensor_op(bsym) -> bool:
 
 def pure(bsym) -> bool:
     """Neither draws random numbers nor has an ordered effect (_thunder NOTE [random ops],
-    trace.c NOTE [ordering edges]): a compiled region would change its numbers or its order."""
+    mf_build.c NOTE [ordering edges]): a compiled region would change its numbers or its order."""
     from .. import _thunder
 
     return not _thunder.is_random(bsym) and not _thunder.effects(bsym)
