@@ -116,10 +116,10 @@ static void build_ddp(fg *g, int L, int64_t act, int64_t wgt)
         fi[i] = fg_op(g, &wi[i], 1, wgt, MF_COMM_ISSUE);
     for (i = 0; i < L; i++) {
         int32_t w = fg_op(g, &fi[i], 1, wgt, MF_COMM_WAIT);
-        g->alias_of[w] = fi[i];
-        g->is_output[w] = 1;
+        g->b.alias_of[w] = fi[i];
+        g->b.is_output[w] = 1;
     }
-    g->is_output[gi[L - 1]] = 1;
+    g->b.is_output[gi[L - 1]] = 1;
 }
 
 static void test_ddp_shape(void)
@@ -133,6 +133,7 @@ static void test_ddp_shape(void)
     memset(&r, 0, sizeof r);
     if (plan_with(&d, 1, 0, &r)) {
         CCHECK(0, "ddp plan failed");
+        fg_free(&g);
         return;
     }
     /* each all_reduce right after its weight gradient; each wait at the end */
@@ -149,6 +150,7 @@ static void test_ddp_shape(void)
         mf_plan_result_free(&ctx, &r);
     }
     check_invariants(&d, "ddp", 0);
+    fg_free(&g);
 }
 
 /* Issuing early would keep a big result buffer alive across the peak: the
@@ -167,14 +169,15 @@ static void test_bound(void)
     s = fg_op(&g, &big, 1, 1, MF_COMM_NONE);       /* op 2: frees big */
     f = fg_op(&g, &a, 1, 50, MF_COMM_ISSUE);       /* op 3: a 50-byte result */
     w = fg_op(&g, &f, 1, 50, MF_COMM_WAIT);        /* op 4 */
-    g.alias_of[w] = f;
-    g.is_output[w] = g.is_output[s] = 1;
+    g.b.alias_of[w] = f;
+    g.b.is_output[w] = g.b.is_output[s] = 1;
     d = fg_desc(&g, 1);
     memset(&with, 0, sizeof with);
     memset(&without, 0, sizeof without);
     mf_ctx_init(&ctx, NULL);
     if (plan_with(&d, 1, 0, &with) || plan_with(&d, 0, 0, &without)) {
         CCHECK(0, "bound plan failed");
+        fg_free(&g);
         return;
     }
     CCHECK(with.peak_bytes == without.peak_bytes, "peak %lld, without overlap %lld", (long long)with.peak_bytes,
@@ -184,6 +187,7 @@ static void test_bound(void)
     mf_plan_result_free(&ctx, &with);
     mf_plan_result_free(&ctx, &without);
     check_invariants(&d, "bound", 0);
+    fg_free(&g);
 }
 
 /* Random graphs: random ops, some of whose results are reduced by a
@@ -206,7 +210,7 @@ static void test_random(void)
         int32_t vals[FG_MAX], nv = 0, n = 6 + c_rint(24), i;
         fg_init(&g);
         vals[nv++] = fg_value(&g, 1 + c_rint(50), 1);
-        for (i = 0; i < n && g.n_ops < FG_MAX - 4; i++) {
+        for (i = 0; i < n && g.b.n_ops < FG_MAX - 4; i++) {
             int32_t ins[2];
             int nin = 1 + c_rint(2), j;
             for (j = 0; j < nin; j++)
@@ -214,19 +218,20 @@ static void test_random(void)
             if (c_rint(4) == 0) {
                 int32_t f = fg_op(&g, ins, 1, 1 + c_rint(60), MF_COMM_ISSUE), w;
                 if (c_rint(3)) {
-                    w = fg_op(&g, &f, 1, g.bytes[f], MF_COMM_WAIT);
-                    g.alias_of[w] = f;
+                    w = fg_op(&g, &f, 1, g.b.value_bytes[f], MF_COMM_WAIT);
+                    g.b.alias_of[w] = f;
                     vals[nv++] = w;
                 } else {
-                    g.is_output[f] = 1;
+                    g.b.is_output[f] = 1;
                 }
             } else {
                 vals[nv++] = fg_op(&g, ins, nin, 1 + c_rint(100), MF_COMM_NONE);
             }
         }
-        g.is_output[vals[nv - 1]] = 1;
+        g.b.is_output[vals[nv - 1]] = 1;
         d = fg_desc(&g, 1);
         check_invariants(&d, "random", t);
+        fg_free(&g);
     }
 }
 
@@ -241,6 +246,7 @@ static void test_errors(void)
     d = fg_desc(&g, 1);
     mf_ctx_init(&ctx, NULL);
     CCHECK(mf_graph_check(&ctx, &d) == MF_EINVAL && strstr(ctx.err, "comm kind"), "bad comm kind: %s", ctx.err);
+    fg_free(&g);
     /* collectives keep their input order: one that reads (through a wait)
      * the result of a collective later in the input order is a cycle */
     fg_init(&g);
@@ -250,13 +256,14 @@ static void test_errors(void)
         w = fg_op(&g, &fb, 1, 4, MF_COMM_WAIT);   /* op 0 (value 1) waits on op 2 */
         fa_ = fg_op(&g, &w, 1, 4, MF_COMM_ISSUE); /* op 1 (value 2) */
         fg_op(&g, &x, 1, 4, MF_COMM_ISSUE);       /* op 2 (value 3) */
-        g.alias_of[w] = fb;
-        g.is_output[fa_] = 1;
+        g.b.alias_of[w] = fb;
+        g.b.is_output[fa_] = 1;
     }
     d = fg_desc(&g, 1);
     CCHECK(mf_graph_check(&ctx, &d) == MF_ECYCLE, "collectives out of data order: status %s", ctx.err);
     d = fg_desc(&g, 0);
     CCHECK(mf_graph_check(&ctx, &d) == MF_OK, "the same graph without collectives: %s", ctx.err);
+    fg_free(&g);
 }
 
 /* Every allocation of a plan with collectives fails once: MF_ENOMEM, nothing leaked. */
@@ -313,6 +320,7 @@ static void test_alloc_failures(void)
         CCHECK(f.live == 0, "failing allocation %ld: %ld blocks leaked", k, f.live);
     }
     printf("allocation failure injection (plan with collectives): %ld allocations, each failed once\n", total);
+    fg_free(&g);
 }
 
 int mf_test_comm(int *checks)

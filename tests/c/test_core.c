@@ -10,6 +10,7 @@
  * here, and LeakSanitizer in `make sanitize`).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "mf_build.h"
 #include "mf_core.h"
 #include "mf_internal.h" /* white-box: mf_liu_order (NOTE [liu merge] in mf_liu.c) */
 
@@ -80,14 +81,8 @@ static void t_free(void *ud, void *p)
     }
 }
 
-/* ---- test graph builder ---- */
-typedef struct tg {
-    int n_ops, n_values, n_in, n_out, n_after;
-    int cap_ops, cap_vals, cap_in, cap_out, cap_after;
-    int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *alias_of, *after;
-    int64_t *bytes;
-    uint8_t *is_input, *is_output, *fusible;
-} tg;
+/* ---- test graph builder: a thin face on the core's mf_gbuf (mf_build.h) ---- */
+typedef mf_gbuf tg;
 
 static void *xrealloc(void *p, size_t n)
 {
@@ -99,104 +94,57 @@ static void *xrealloc(void *p, size_t n)
     return q;
 }
 
+static void tg_check(const tg *g)
+{
+    if (g->nomem) {
+        fprintf(stderr, "out of memory in test: %s\n", g->ctx.err);
+        exit(2);
+    }
+}
+
 static void tg_init(tg *g)
 {
-    memset(g, 0, sizeof *g);
-    g->in_ptr = (int32_t *)xrealloc(NULL, sizeof(int32_t));
-    g->out_ptr = (int32_t *)xrealloc(NULL, sizeof(int32_t));
-    g->in_ptr[0] = g->out_ptr[0] = 0;
-    g->cap_ops = 0;
+    mf_gbuf_init(g, NULL);
 }
 
 static void tg_free(tg *g)
 {
-    free(g->in_ptr);
-    free(g->in_idx);
-    free(g->out_ptr);
-    free(g->out_idx);
-    free(g->alias_of);
-    free(g->after);
-    free(g->bytes);
-    free(g->is_input);
-    free(g->is_output);
-    free(g->fusible);
-    memset(g, 0, sizeof *g);
+    mf_gbuf_free(g);
 }
 
 static int tg_value(tg *g, int64_t bytes, int input, int alias_of, int output)
 {
-    int v = g->n_values++;
-    if (g->n_values > g->cap_vals) {
-        g->cap_vals = g->cap_vals ? 2 * g->cap_vals : 16;
-        g->bytes = (int64_t *)xrealloc(g->bytes, sizeof(int64_t) * g->cap_vals);
-        g->alias_of = (int32_t *)xrealloc(g->alias_of, sizeof(int32_t) * g->cap_vals);
-        g->is_input = (uint8_t *)xrealloc(g->is_input, g->cap_vals);
-        g->is_output = (uint8_t *)xrealloc(g->is_output, g->cap_vals);
-    }
-    g->bytes[v] = bytes;
+    int v = mf_gbuf_add_value(g, bytes, input);
+    tg_check(g);
     g->alias_of[v] = alias_of;
-    g->is_input[v] = (uint8_t)input;
     g->is_output[v] = (uint8_t)output;
     return v;
 }
 
+/* fusible: 0, 1 (MF_FUSIBLE) or MF_FUSIBLE_STORED, kept as given */
 static int tg_op(tg *g, const int *ins, int nin, const int *outs, int nout, int fusible)
 {
-    int k = g->n_ops++, i;
-    if (g->n_ops > g->cap_ops) {
-        g->cap_ops = g->cap_ops ? 2 * g->cap_ops : 16;
-        g->in_ptr = (int32_t *)xrealloc(g->in_ptr, sizeof(int32_t) * (g->cap_ops + 1));
-        g->out_ptr = (int32_t *)xrealloc(g->out_ptr, sizeof(int32_t) * (g->cap_ops + 1));
-        g->fusible = (uint8_t *)xrealloc(g->fusible, g->cap_ops);
-    }
-    if (g->n_in + nin > g->cap_in) {
-        while (g->n_in + nin > g->cap_in)
-            g->cap_in = g->cap_in ? 2 * g->cap_in : 32;
-        g->in_idx = (int32_t *)xrealloc(g->in_idx, sizeof(int32_t) * g->cap_in);
-    }
-    if (g->n_out + nout > g->cap_out) {
-        while (g->n_out + nout > g->cap_out)
-            g->cap_out = g->cap_out ? 2 * g->cap_out : 32;
-        g->out_idx = (int32_t *)xrealloc(g->out_idx, sizeof(int32_t) * g->cap_out);
-    }
+    int k = g->n_ops, i;
+    mf_gbuf_begin_op(g, fusible);
     for (i = 0; i < nin; i++)
-        g->in_idx[g->n_in++] = ins[i];
+        mf_gbuf_op_in(g, ins[i]);
     for (i = 0; i < nout; i++)
-        g->out_idx[g->n_out++] = outs[i];
-    g->in_ptr[k + 1] = g->n_in;
-    g->out_ptr[k + 1] = g->n_out;
-    g->fusible[k] = (uint8_t)fusible;
+        mf_gbuf_op_out(g, outs[i]);
+    mf_gbuf_end_op(g);
+    tg_check(g);
     return k;
 }
 
 static void tg_after(tg *g, int a, int b)
 {
-    if (g->n_after + 1 > g->cap_after) {
-        g->cap_after = g->cap_after ? 2 * g->cap_after : 8;
-        g->after = (int32_t *)xrealloc(g->after, sizeof(int32_t) * 2 * g->cap_after);
-    }
-    g->after[2 * g->n_after] = a;
-    g->after[2 * g->n_after + 1] = b;
-    g->n_after++;
+    mf_gbuf_after(g, a, b);
+    tg_check(g);
 }
 
 static mf_graph_desc tg_desc(const tg *g)
 {
     mf_graph_desc d;
-    memset(&d, 0, sizeof d);
-    d.n_ops = g->n_ops;
-    d.n_values = g->n_values;
-    d.in_ptr = g->in_ptr;
-    d.in_idx = g->in_idx;
-    d.out_ptr = g->out_ptr;
-    d.out_idx = g->out_idx;
-    d.value_bytes = g->bytes;
-    d.alias_of = g->alias_of;
-    d.is_input = g->is_input;
-    d.is_output = g->is_output;
-    d.fusible = g->fusible;
-    d.n_after = g->n_after;
-    d.after = g->after;
+    mf_gbuf_desc(g, &d);
     return d;
 }
 
@@ -566,7 +514,7 @@ static void random_graph(tg *out, int n, int permute)
     for (k = 0; k < n; k++)
         inv[perm[k]] = k; /* generation op perm[k] gets id k */
     for (i = 0; i < g.n_values; i++)
-        tg_value(out, g.bytes[i], g.is_input[i], g.alias_of[i], g.is_output[i]);
+        tg_value(out, g.value_bytes[i], g.is_input[i], g.alias_of[i], g.is_output[i]);
     for (k = 0; k < n; k++) {
         int gk = perm[k];
         tg_op(out, ins[gk], nins[gk], outs[gk], nouts[gk], fus[gk]);
@@ -828,7 +776,7 @@ static void block_graph(tg *g, int nblocks, int maxpaths, int fus_mode)
                 if (w >= 0 && l == 0 && p == 0)
                     ins[nv++] = w;
                 if (g->alias_of[o] >= 0)
-                    g->bytes[o] = g->bytes[h];
+                    g->value_bytes[o] = g->value_bytes[h];
                 tg_op(g, ins, nv, &o, 1, fus_mode ? rint_(2) : 0);
                 h = o;
             }
@@ -1503,9 +1451,9 @@ static void test_errors(void)
     g.out_idx[1] = 2;
     g.is_input[3] = 1;
     /* negative size */
-    g.bytes[2] = -8;
+    g.value_bytes[2] = -8;
     expect_err(&g, MF_EINVAL, "value 2 has negative size -8");
-    g.bytes[2] = 8;
+    g.value_bytes[2] = 8;
     /* alias cycle */
     g.alias_of[1] = 2;
     g.alias_of[2] = 1;

@@ -62,7 +62,7 @@ static void b_free(void *ud, void *q)
 static void fork_join(fg *g, int paths)
 {
     static const int64_t sz[] = {1, 2, 3, 5, 8, 13};
-    int32_t ends[FG_MAX], p, s, prev, zero = 0, fork;
+    int32_t ends[FG_MAX], p, s, prev, zero = 0, fork, join;
     fg_init(g);
     fg_value(g, 0, 1);
     fork = fg_op(g, &zero, 1, 8, 0);
@@ -73,7 +73,8 @@ static void fork_join(fg *g, int paths)
         }
         ends[p] = prev;
     }
-    g->is_output[fg_op(g, ends, paths, 4, 0)] = 1;
+    join = fg_op(g, ends, paths, 4, 0); /* before indexing: the op may move is_output */
+    g->b.is_output[join] = 1;
 }
 
 static int valid_order(const mf_graph_desc *d, const int32_t *order)
@@ -101,7 +102,7 @@ static void test_byte_sums(void)
     ins[0] = 1;
     ins[1] = 2;
     fg_op(&g, ins, 2, 4, 0);
-    g.is_output[3] = 1;
+    g.b.is_output[3] = 1;
     d = fg_desc(&g, 0);
     mf_ctx_init(&ctx, NULL);
     st = mf_plan(&ctx, &d, NULL, &res);
@@ -111,8 +112,8 @@ static void test_byte_sums(void)
     st = mf_simulate(&ctx, &d, order, NULL, 0, &pk, steps, NULL);
     HCHECK(st == MF_EINVAL && strstr(ctx.err, "value_bytes"), "simulate: %d %s", st, ctx.err);
     /* exactly at the limit: accepted, and every figure exact */
-    g.bytes[1] = MF_MAX_TOTAL_BYTES / 2;
-    g.bytes[2] = MF_MAX_TOTAL_BYTES - MF_MAX_TOTAL_BYTES / 2 - 4;
+    g.b.value_bytes[1] = MF_MAX_TOTAL_BYTES / 2;
+    g.b.value_bytes[2] = MF_MAX_TOTAL_BYTES - MF_MAX_TOTAL_BYTES / 2 - 4;
     st = mf_plan(&ctx, &d, NULL, &res);
     HCHECK(st == MF_OK && res.peak_bytes == MF_MAX_TOTAL_BYTES && res.unfused_peak_bytes == MF_MAX_TOTAL_BYTES,
            "at the limit: %d %s peak %lld", st, ctx.err, (long long)res.peak_bytes);
@@ -120,8 +121,9 @@ static void test_byte_sums(void)
     st = mf_simulate(&ctx, &d, order, NULL, 0, &pk, steps, NULL);
     HCHECK(st == MF_OK && pk == MF_MAX_TOTAL_BYTES && steps[0] >= 0 && steps[1] >= 0 && steps[2] >= 0,
            "simulate at the limit: %d %lld", st, (long long)pk);
-    g.bytes[3] = 5; /* one byte more */
+    g.b.value_bytes[3] = 5; /* one byte more */
     HCHECK(mf_graph_check(&ctx, &d) == MF_EINVAL && strstr(ctx.err, "at value 3"), "one past: %s", ctx.err);
+    fg_free(&g);
 }
 
 typedef struct cancel_after {
@@ -136,7 +138,7 @@ static int cancel_cb(void *ud)
 
 static void test_cancel(void)
 {
-    static fg g;
+    fg g;
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_options opt;
@@ -175,11 +177,12 @@ static void test_cancel(void)
     st = mf_plan(&ctx, &d, &opt, &res);
     HCHECK(st == MF_OK && c.polls > 0 && valid_order(&d, res.order), "uncancelled: %d %s", st, ctx.err);
     mf_plan_result_free(&ctx, &res);
+    fg_free(&g);
 }
 
 static void test_dp_budget(void)
 {
-    static fg g;
+    fg g;
     mf_graph_desc d;
     mf_ctx ctx;
     mf_plan_options opt;
@@ -217,6 +220,7 @@ static void test_dp_budget(void)
            base_peak);
     mf_plan_result_free(&ctx, &res);
     HCHECK(b.live == 0, "budget: leaked %ld blocks", b.live);
+    fg_free(&g);
 }
 
 static void test_orders(void)
