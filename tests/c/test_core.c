@@ -2087,6 +2087,7 @@ static void test_large(int full)
 }
 
 int mf_test_comm(int *checks); /* test_comm.c */
+int mf_test_build(int *checks); /* test_build.c */
 int test_harden(int *checks); /* test_harden.c */
 
 int main(int argc, char **argv)
@@ -2107,6 +2108,7 @@ int main(int argc, char **argv)
     test_alloc_failures();
     test_large(full);
     g_failures += mf_test_comm(&g_checks);
+    g_failures += mf_test_build(&g_checks);
     g_failures += test_harden(&g_checks);
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
