@@ -37,9 +37,9 @@ class ElementwiseFusion(Transform):
         flat = []
         for g in groups:  # a group with a non-fusible symbol (prologue, return) is not a region
             if len(g) > 1 and all(fusible(b) for b in g):
-                flat.append(list(g))
+                flat.append((list(g), regions.base.REGION))
             else:
-                flat.extend([b] for b in g)
+                flat.extend(([b], regions.base.SINGLE) for b in g)
         new_trace, _ = regroup_trace(trace, flat, compiler=regions.compiler("fallback"), is_backward=is_backward,
                                      name_prefix="ElementwiseFusion")
         return new_trace

@@ -27,6 +27,8 @@ def _check_plan_properties(g: Graph, spec, p):
         assert len(grp) >= 1
         if len(grp) > 1:
             assert all(spec["fusible"][k] for k in grp)
+    # mf_core.h NOTE [group kinds]: no epilogues here, so a group is one op or a region
+    assert p.kinds == ["single" if len(grp) == 1 else "region" for grp in p.groups]
     assert p.peak_bytes <= p.unfused_peak_bytes and p.peak_bytes <= p.baseline_peak_bytes
     if p.fusion_moves == 0:  # moves may trade the unfused peak for a lower fused one
         assert p.unfused_peak_bytes <= p.baseline_peak_bytes
@@ -236,7 +238,7 @@ def test_epilogue_pairs_against_every_grouping():
     """mf_fuse.c NOTE [epilogue pairs]: with pairs (v, u) allowed, the grouping is still the
     least peak, then fewest groups, over runs of fusible ops and valid pairs."""
     rng = random.Random(11)
-    formed = 0
+    formed = pairs = 0
     for _ in range(300):
         spec = random_graph(rng, max_ops=7)
         g = Graph(**spec)
@@ -259,7 +261,13 @@ def test_epilogue_pairs_against_every_grouping():
                           graph_outputs=spec["graph_outputs"], aliases=spec["aliases"])[0]
         assert sim == p.peak_bytes == g.simulate(p.order, p.groups)
         formed += sum(1 for gr in p.groups if len(gr) == 2 and not all(spec["fusible"][k] for k in gr))
+        # mf_core.h NOTE [group kinds]: a two-op group meeting the pair's rule is an epilogue pair
+        # (fusible or not), any other group of two or more a region
+        assert p.kinds == ["single" if len(gr) == 1 else "epilogue" if len(gr) == 2 and pair_ok(gr) else "region"
+                           for gr in p.groups]
+        pairs += p.kinds.count("epilogue")
     assert formed > 0  # some pairs of a non-fusible head were formed
+    assert pairs >= formed
 
 
 def test_epilogue_pair_skips_the_pre_activation():
@@ -268,10 +276,18 @@ def test_epilogue_pair_skips_the_pre_activation():
     kw = dict(graph_inputs=[0], graph_outputs=[3], fusible=[False, True, False])
     p = tm.plan(ops, vb, **kw, epilogues=[(1, 0)])
     assert p.groups == [[0, 1], [2]] and p.peak_bytes == 200 and p.unfused_peak_bytes == 500
+    assert p.kinds == ["epilogue", "single"]  # the plan says what the pair is (NOTE [group kinds])
     assert tm.plan(ops, vb, **kw).peak_bytes == 500
-    assert tm.plan(ops, vb, **kw, epilogues=[(1, 0)], fuse=False).groups == [[0], [1], [2]]
+    off = tm.plan(ops, vb, **kw, epilogues=[(1, 0)], fuse=False)
+    assert off.groups == [[0], [1], [2]] and off.kinds == ["single"] * 3
+    # both fusible: the pair is formed by either rule, and the kind is still the pair's
+    both = tm.plan(ops, vb, **dict(kw, fusible=[True, True, False]), epilogues=[(1, 0)])
+    assert both.groups == [[0, 1], [2]] and both.kinds == ["epilogue", "single"]
     kw["graph_outputs"] = [1, 3]  # the kernel would have to write u's result too
     assert tm.plan(ops, vb, **kw, epilogues=[(1, 0)]).groups == [[0], [1], [2]]
+    # ... but with both fusible, [u, v] is a region that writes it (not an epilogue pair)
+    reg = tm.plan(ops, vb, **dict(kw, fusible=[True, True, False]), epilogues=[(1, 0)])
+    assert reg.groups == [[0, 1], [2]] and reg.kinds == ["region", "single"]
 
 
 def test_simulate_matches_reference():

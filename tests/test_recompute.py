@@ -233,3 +233,19 @@ def test_a_checkpointed_mlp_peaks_lower_with_the_same_gradients():
     bw = cmp["backward"]
     assert bw.within_one_tensor, cmp.summary()
     assert bw.plan_peak is None or abs(bw.plan_peak - bw.measured_peak) <= bw.largest_tensor, cmp.summary()
+
+
+def test_the_plan_with_copies_carries_its_group_kinds():
+    # csrc/core/mf_core.h NOTE [group kinds]: the plan of the graph with the copies (planned again
+    # by mf_plan) gives each of its groups a kind, the epilogue pair [gemm, relu] included
+    ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([4], [5]), ([5], [6]), ([1, 6], [7])]
+    vb = [4, 8, 4, 16, 4, 16, 2, 4]
+    kw = dict(graph_inputs=[0], graph_outputs=[7], fuse=True, epilogues=[(3, 2)])
+    got = _C.plan(ops, vb, recompute=8, cheap=[1] + [0] * 6, **kw)
+    assert got["peak_bytes"] < got["peak_bytes_without_recompute"]
+    origin = got["recompute"]["origin"]
+    assert len(origin) == len(ops) + 1  # op 0 is copied before op 6
+    assert len(got["kinds"]) == len(got["groups"])
+    pair = [gr for gr, k in zip(got["groups"], got["kinds"]) if k == "epilogue"]
+    assert [[origin[o] for o in gr] for gr in pair] == [[2, 3]]
+    assert all(k == "single" for gr, k in zip(got["groups"], got["kinds"]) if len(gr) == 1)

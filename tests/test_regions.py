@@ -367,3 +367,86 @@ def test_a_predicate_that_raises_answers_no_and_says_why_once(caplog):
         assert [tc.fusible(Odd()) for _ in range(3)] == [0, 0, 0]
     said = [r.getMessage() for r in caplog.records if "odd_op" in r.getMessage()]
     assert len(said) == 1 and "LookupError: no outputs here" in said[0] and "fusible" in said[0], said
+
+
+def _two_gemm_relu_pairs(x, w, b, a):
+    h = torch.relu(torch.nn.functional.linear(x, w, b))
+    g = torch.relu(h @ a)
+    return torch.sigmoid(h @ a + 1) + g  # this h @ a is also read by add: no pair
+
+
+def _built_kinds(monkeypatch):
+    """The (op names, kind) of every region transform.py builds from here on."""
+    from thunder_memfuse import transform
+
+    built = []
+    real = transform.make_region_callable
+
+    def recording(group, compiler):
+        built.append((tuple(str(b.sym.name) for b in group.bsyms), group.kind))
+        return real(group, compiler)
+
+    monkeypatch.setattr(transform, "make_region_callable", recording)
+    return built
+
+
+def test_region_kinds_come_from_the_plan(monkeypatch):
+    """csrc/core/mf_core.h NOTE [group kinds]: a region's kind is the one the plan gave its group;
+    nothing works it out again from the bound symbols (a plan whose kinds say otherwise is
+    followed), and a single op is a region only where the compiler's region_of_one says so."""
+    from thunder_memfuse import _thunder
+
+    args = (torch.randn(6, 4), torch.randn(5, 4), torch.randn(5), torch.randn(5, 5))
+    expected = _two_gemm_relu_pairs(*args)
+    opts = dict(fuse=True, kernels="fallback", _fallback_regions=True)
+    built = _built_kinds(monkeypatch)
+    jf = thunder.jit(_two_gemm_relu_pairs, transforms=[MemFuse(**opts)])
+    torch.testing.assert_close(jf(*args), expected)
+    kinds = _ours(jf)._memfuse_info["plan"]["kinds"]
+    assert kinds.count("epilogue") == 2
+    pairs = sorted(names for names, kind in built if kind == regions.base.EPILOGUE)
+    assert pairs == [("linear", "relu"), ("matmul", "relu")]
+    assert all(kind == regions.base.REGION for names, kind in built if kind != regions.base.EPILOGUE)
+
+    # the same program under a plan that calls its pairs plain regions: built as regions
+    real_plan_trace = _thunder.plan_trace
+
+    def pairs_as_regions(*a, **kw):
+        res = real_plan_trace(*a, **kw)
+        res["plan"]["kinds"] = ["region" if k == "epilogue" else k for k in res["plan"]["kinds"]]
+        return res
+
+    monkeypatch.setattr(_thunder, "plan_trace", pairs_as_regions)
+    built.clear()
+    jf = thunder.jit(lambda *t: _two_gemm_relu_pairs(*t), transforms=[MemFuse(**opts)])
+    torch.testing.assert_close(jf(*args), expected)
+    assert built and all(kind == regions.base.REGION for _, kind in built)
+    assert ("linear", "relu") in [names for names, _ in built]
+
+    # a single op becomes a region of one exactly where the compiler runs it as one
+    monkeypatch.setattr(_thunder, "plan_trace", real_plan_trace)
+    monkeypatch.setattr(regions.compiler("fallback"), "region_of_one", lambda b: b.sym.name == "matmul")
+    built.clear()
+    jf = thunder.jit(lambda *t: _two_gemm_relu_pairs(*t), transforms=[MemFuse(**opts)])
+    torch.testing.assert_close(jf(*args), expected)
+    assert (("matmul",), regions.base.ONE) in built  # the matmul that pairs with no relu
+    assert all(len(names) > 1 for names, kind in built if kind != regions.base.ONE)
+
+
+def test_region_kind_is_decided_in_one_place():
+    class Compiler:
+        @staticmethod
+        def region_of_one(bsym):
+            return bsym == "gemm"
+
+    base = regions.base
+    assert regions.region_kind(base.SINGLE, ["gemm"], Compiler) == base.ONE
+    assert regions.region_kind(base.SINGLE, ["relu"], Compiler) is None
+    assert regions.region_kind(base.REGION, ["a", "b", "c"], Compiler) == base.REGION
+    assert regions.region_kind(base.EPILOGUE, ["gemm", "relu"], Compiler) == base.EPILOGUE
+    with pytest.raises(ValueError, match="unknown group kind"):
+        regions.region_kind("gemm", ["gemm"], Compiler)
+    with pytest.raises(ValueError, match="epilogue group of 3"):
+        regions.region_kind(base.EPILOGUE, ["a", "b", "c"], Compiler)
+    with pytest.raises(ValueError, match="no region kind"):
+        regions.make_group("MemFuseT", ["relu"], [], [], base.SINGLE)

@@ -15,7 +15,10 @@ class Plan:
     """The result of :func:`plan`.
 
     order: op ids in the planned order.  groups: lists of op ids, each a run of
-    consecutive ops of `order` (a fusion region, or a single op).
+    consecutive ops of `order` (a fusion region, or a single op).  kinds: what
+    the planner made of each group (csrc/core/mf_core.h NOTE [group kinds]):
+    "single" (one op, unfused), "region" (fusible ops fused), "epilogue" (a pair
+    [u, v] of `epilogues`, v run as u's epilogue).
     peak_bytes: simulated peak of `order` with `groups`; unfused_peak_bytes:
     `order` with every op alone; baseline_peak_bytes: the input order made
     valid by a stable topological sort (the ops as listed when that order is
@@ -33,6 +36,7 @@ class Plan:
 
     order: list[int]
     groups: list[list[int]]
+    kinds: list[str]
     peak_bytes: int
     unfused_peak_bytes: int
     baseline_peak_bytes: int

@@ -271,7 +271,9 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         if plan["peak_bytes"] > plan["baseline_peak_bytes"]:
             raise MemFuseError("internal: planned order is worse than the input order")
 
-        groups = [[b] for b in res["prologue"]] + res["groups"] + [[b] for b in res["epilogue"]]
+        single = regions.base.SINGLE
+        groups = ([([b], single) for b in res["prologue"]] + _planned_groups(res)
+                  + [([b], single) for b in res["epilogue"]])
         groups = _with_comments(bsyms, groups)
         new_trace, n_regions = regroup_trace(trace, groups, compiler=comp, is_backward=is_backward)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
@@ -327,28 +329,30 @@ def _log_plan(trace, is_backward, plan, compiler, n_regions, groups, elapsed_ms)
 
 
 def regroup_trace(trace, groups, *, compiler, is_backward, name_prefix="MemFuse"):
-    """A new trace whose bound symbols are `groups` in order: a group of one stays
-    as it is (unless compiler.region_of_one(bsym) says it runs as a region of its
-    own, regions/nvrtc NOTE [gemm regions]), a larger group becomes one fusion bound
-    symbol built by `compiler`, a regions.base.RegionCompiler (inputs and outputs
-    from Thunder's Region); dels and collection
-    clears are placed by Thunder's del_last_used.  Returns (trace, number of
-    fusion regions made).  A group of views only stays unfused: it allocates
+    """A new trace whose bound symbols are `groups` in order, each given as (bound
+    symbols, the plan's kind: csrc/core/mf_core.h NOTE [group kinds]).  A "single"
+    group stays as it is (unless compiler.region_of_one(bsym) says it runs as a
+    region of its own, regions/nvrtc NOTE [gemm regions]: regions.region_kind), any
+    other becomes one fusion bound symbol of that kind built by `compiler`, a
+    regions.base.RegionCompiler (inputs and outputs from Thunder's Region); dels and
+    collection clears are placed by Thunder's del_last_used.  Returns (trace, number
+    of fusion regions made).  A group of views only stays unfused: it allocates
     nothing, and a compiled region would only add a call."""
     stripped = from_trace(trace)
-    stripped.bound_symbols = [b for g in groups for b in g]
+    stripped.bound_symbols = [b for g, _ in groups for b in g]
     producers, consumers = tutils.producers_and_consumers(stripped)
     new_bsyms = []
     n_regions = 0  # also numbers the regions: names are per trace, like Thunder's own fusion passes
-    for group in groups:
-        if len(group) == 1 and not compiler.region_of_one(group[0]) or _views_only(group):
+    for group, plan_kind in groups:
+        kind = regions.region_kind(plan_kind, group, compiler)
+        if kind is None or _views_only(group):
             new_bsyms.extend(group)
             continue
         region = Region(producers, consumers, list(group))
         inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
         name = f"{name_prefix}{n_regions}"
-        fn = make_region_callable(regions.make_group(name, group, inputs, outputs, compiler), compiler)
+        fn = make_region_callable(regions.make_group(name, group, inputs, outputs, kind), compiler)
         sym = region_symbol(name, outputs)
         new_bsyms.append(BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(group), _call_ctx={name: fn}))
         n_regions += 1
@@ -357,9 +361,28 @@ def regroup_trace(trace, groups, *, compiler, is_backward, name_prefix="MemFuse"
     return del_last_used(new_trace, clear_mutable_collections=is_backward), n_regions
 
 
+def _planned_groups(res):
+    """plan_trace's groups of bound symbols, each with the kind the plan gave it
+    (csrc/core/mf_core.h NOTE [group kinds]): plan["kinds"][k] is the kind of
+    plan["groups"][k], which the reader regrouped in order (trace_regroup.c).  In a
+    backward whose saved tensors come from the virtual op 0 (res["saved_op"]), that op
+    runs before every other (trace.c NOTE [saved storages]), so it is the plan's first
+    group, the one the reader drops: it has no bound symbol."""
+    plan = res["plan"]
+    kinds = plan["kinds"]
+    if res.get("saved_op"):
+        if not kinds or kinds[0] != regions.base.SINGLE or plan["groups"][0] != [0]:
+            raise MemFuseError("internal: the saved tensors' op is not the plan's first group")
+        kinds = kinds[1:]
+    if len(kinds) != len(res["groups"]):
+        raise MemFuseError(f"internal: {len(res['groups'])} planned groups but {len(kinds)} kinds")
+    return list(zip(res["groups"], kinds))
+
+
 def _with_comments(bsyms, groups):
     """Put back the comments (dropped by the reader) that other transforms left:
-    each one goes just before the step holding the bound symbol that followed it."""
+    each one goes just before the step holding the bound symbol that followed it
+    (groups: (bound symbols, kind) pairs; a comment is a "single" group)."""
     from thunder.core.prims import PrimIDs
 
     before, pending = {}, []
@@ -371,13 +394,14 @@ def _with_comments(bsyms, groups):
             pending = []
     if not before and not pending:
         return groups
+    single = regions.base.SINGLE
     out = []
-    for g in groups:
+    for g, kind in groups:
         for b in g:
-            out.extend([c] for c in before.get(id(b), ()))
-        out.append(g)
+            out.extend(([c], single) for c in before.get(id(b), ()))
+        out.append((g, kind))
     if pending:  # trailing comments: before the return, which stays last
-        out[len(out) - 1:len(out) - 1] = [[c] for c in pending]
+        out[len(out) - 1:len(out) - 1] = [([c], single) for c in pending]
     return out
 
 

@@ -161,11 +161,35 @@ typedef struct mf_plan_options {
 #define MF_DEFAULT_MAX_STATES 200000
 #define MF_DEFAULT_DP_BYTES ((int64_t)256 << 20)
 
+/* NOTE [group kinds]: what the planner made of each group, so that no
+ * caller has to work it out again from the graph:
+ *  MF_GROUP_SINGLE    one op, run as it is (NOTE [cost model]: unfused)
+ *  MF_GROUP_REGION    a run of two or more fusible ops, one fused region
+ *  MF_GROUP_EPILOGUE  [u, v] with epilogue_of[v] == u and every storage u
+ *                     allocates read by the pair alone and no graph output
+ *                     (NOTE [epilogue pairs], mf_fuse.c): one kernel, u's
+ *                     result never written
+ * A two-op group whose ops are both fusible and that also meets the pair's
+ * rule is an epilogue pair: the simulator scores it by that rule, which is
+ * never above the fused one.  Whether a single op runs through a compiler
+ * as a region of its own (a cuBLAS GEMM) is the compiler's choice, not the
+ * plan's (docs/ARCHITECTURE.md, "Group kinds").  X(id, name): name is the
+ * binding's string for the kind. */
+#define MF_GROUP_KINDS(X)                 \
+    X(MF_GROUP_SINGLE, "single")          \
+    X(MF_GROUP_REGION, "region")          \
+    X(MF_GROUP_EPILOGUE, "epilogue")
+
+#define MF_GROUP_KIND_ENUM_(id, name) id,
+enum { MF_GROUP_KINDS(MF_GROUP_KIND_ENUM_) MF_GROUP_N_KINDS };
+#undef MF_GROUP_KIND_ENUM_
+
 typedef struct mf_plan_result {
     int32_t n_ops;
     int32_t *order;          /* n_ops op ids */
     int32_t n_groups;
     int32_t *group_ptr;      /* n_groups + 1 offsets into order */
+    uint8_t *group_kind;     /* n_groups: MF_GROUP_* (NOTE [group kinds]) */
     int64_t peak_bytes;          /* order with groups */
     int64_t unfused_peak_bytes;  /* order, every op alone */
     int64_t baseline_peak_bytes; /* the baseline order, every op alone (below) */

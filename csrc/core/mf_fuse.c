@@ -281,6 +281,42 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
     return MF_OK;
 }
 
+/* NOTE [group kinds] (mf_core.h): the kind of each group of a grouped
+ * order.  A pair [u, v] meets the rule of epilogue_pair above at its place:
+ * there "no storage of u outlives the pair" reads positions; here, in a
+ * valid order, every reader of a storage u allocates runs after u, so the
+ * same rule is "u and v are its only readers". */
+static int pair_at(const mf_pg *pg, int32_t u, int32_t v)
+{
+    int32_t q, j;
+    if (pg->epi[v] != u)
+        return 0;
+    for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++) {
+        int32_t s = pg->oalloc[q];
+        if (pg->sout[s])
+            return 0;
+        for (j = pg->sread_ptr[s]; j < pg->sread_ptr[s + 1]; j++)
+            if (pg->sread[j] != u && pg->sread[j] != v)
+                return 0;
+    }
+    return 1;
+}
+
+void mf_fuse_kinds(const mf_pg *pg, const int32_t *order, const int32_t *group_ptr, int32_t n_groups,
+                   uint8_t *kinds)
+{
+    int32_t i;
+    for (i = 0; i < n_groups; i++) {
+        int32_t lo = group_ptr[i], len = group_ptr[i + 1] - lo;
+        if (len == 1)
+            kinds[i] = MF_GROUP_SINGLE;
+        else if (len == 2 && pair_at(pg, order[lo], order[lo + 1]))
+            kinds[i] = MF_GROUP_EPILOGUE;
+        else
+            kinds[i] = MF_GROUP_REGION;
+    }
+}
+
 /* NOTE [fusion-aware moves]
  * mf_sched plans the order with the unfused model and the grouping above
  * runs on that order.  Regions change what is live, though: an op reading a

@@ -170,6 +170,10 @@ void mf_tracker_reset(mf_tracker *t);
  * groups.  group_ptr: n + 1 entries (caller allocated); *n_groups, *peak. */
 int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse,
                   int32_t *group_ptr, int32_t *n_groups, int64_t *peak);
+/* The kind of each of the n_groups groups of a valid order (mf_core.h NOTE
+ * [group kinds]) into kinds[0..n_groups). */
+void mf_fuse_kinds(const mf_pg *pg, const int32_t *order, const int32_t *group_ptr, int32_t n_groups,
+                   uint8_t *kinds);
 
 #define MF_FUSE_MAX_GROUP 512
 

@@ -481,7 +481,8 @@ static int stage_result(plan *R)
     int st;
     out->order = (int32_t *)mf_alloc(R->ctx, sizeof(int32_t) * ((size_t)n + 1));
     out->group_ptr = (int32_t *)mf_alloc(R->ctx, sizeof(int32_t) * ((size_t)n + 1));
-    if (!out->order || !out->group_ptr)
+    out->group_kind = (uint8_t *)mf_alloc(R->ctx, (size_t)n + 1);
+    if (!out->order || !out->group_ptr || !out->group_kind)
         return MF_ENOMEM;
     memcpy(out->order, R->P.cur, sizeof(int32_t) * (size_t)n);
     out->n_ops = n;
@@ -655,7 +656,11 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, mf_seg_ws *sw, const mf_graph_des
         return st;
     if ((st = stage_fusion_moves(&R)))      /* 8: fusion-aware moves */
         return st;
-    return stage_collectives(&R);           /* 9: collective placement */
+    if ((st = stage_collectives(&R)))       /* 9: collective placement */
+        return st;
+    /* the final groups' kinds (mf_core.h NOTE [group kinds]) */
+    mf_fuse_kinds(&R.pg, out->order, out->group_ptr, out->n_groups, out->group_kind);
+    return MF_OK;
 }
 
 int mf_plan(mf_ctx *ctx, const mf_graph_desc *g, const mf_plan_options *opt, mf_plan_result *out)
@@ -685,5 +690,6 @@ void mf_plan_result_free(mf_ctx *ctx, mf_plan_result *r)
         return;
     mf_free(ctx, r->order);
     mf_free(ctx, r->group_ptr);
+    mf_free(ctx, r->group_kind);
     memset(r, 0, sizeof *r);
 }

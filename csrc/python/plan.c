@@ -396,10 +396,37 @@ static PyObject *int_list(const int32_t *a32, const int64_t *a64, Py_ssize_t n)
     return l;
 }
 
-/* The plan result as a dict (the Python layer wraps it in a Plan). */
+#define MF_PY_KIND_NAME_(id, name) name,
+static const char *const KIND_NAMES[MF_GROUP_N_KINDS] = {MF_GROUP_KINDS(MF_PY_KIND_NAME_)};
+#undef MF_PY_KIND_NAME_
+
+/* The core's group kinds (mf_core.h NOTE [group kinds]) as their names. */
+static PyObject *kind_list(const uint8_t *kinds, int32_t n)
+{
+    PyObject *l = PyList_New(n);
+    int32_t i;
+    if (!l)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *v;
+        if (kinds[i] >= MF_GROUP_N_KINDS) {
+            Py_DECREF(l);
+            return mf_py_raise_status(MF_EINTERNAL, "a group of the plan has no known kind");
+        }
+        if (!(v = PyUnicode_InternFromString(KIND_NAMES[kinds[i]]))) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+/* The plan result as a dict (the Python layer wraps it in a Plan): groups[k]
+ * the op ids of group k, kinds[k] its kind. */
 static PyObject *plan_to_dict(const mf_plan_result *r)
 {
-    PyObject *d = NULL, *order = NULL, *groups = NULL;
+    PyObject *d = NULL, *order = NULL, *groups = NULL, *kinds = NULL;
     int32_t g;
     if (!(order = int_list(r->order, NULL, r->n_ops)))
         goto fail;
@@ -411,7 +438,10 @@ static PyObject *plan_to_dict(const mf_plan_result *r)
             goto fail;
         PyList_SET_ITEM(groups, g, grp);
     }
-    d = Py_BuildValue("{s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i,s:i}", "order", order, "groups", groups,
+    if (!(kinds = kind_list(r->group_kind, r->n_groups)))
+        goto fail;
+    d = Py_BuildValue("{s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i,s:i}", "order", order, "groups", groups,
+                      "kinds", kinds,
                       "peak_bytes", (long long)r->peak_bytes, "unfused_peak_bytes",
                       (long long)r->unfused_peak_bytes, "baseline_peak_bytes", (long long)r->baseline_peak_bytes,
                       "lower_bound_bytes", (long long)r->lower_bound_bytes, "optimal",
@@ -421,6 +451,7 @@ static PyObject *plan_to_dict(const mf_plan_result *r)
 fail:
     Py_XDECREF(order);
     Py_XDECREF(groups);
+    Py_XDECREF(kinds);
     return d;
 }
 
@@ -787,7 +818,7 @@ static PyMethodDef plan_methods[] = {
      "comm_overlap=True, recompute=0, cheap=None)\n"
      "--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
-     "it in a Plan).\n"
+     "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
      "max_states: None or an int in [1, 2**63 - 1].  The DP also stops at a memory budget (256 MiB, "
      "_dp_max_bytes when > 0), reporting optimal=False.  Ctrl-C raises KeyboardInterrupt.\n"
      "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "

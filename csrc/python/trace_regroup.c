@@ -7,19 +7,19 @@
  * and an op reading or making a value the copies introduced is given as
  * (bsym, ((value of the trace, new value), ...)) for the Python layer to
  * rebind with fresh proxies (thunder_memfuse/_recompute.py NOTE [emitting
- * copies]).
+ * copies]).  groups[k] is the plan's group k, so plan["kinds"][k] is its kind
+ * (csrc/core/mf_core.h NOTE [group kinds]): the Python layer builds each
+ * region from that, never from the bound symbols again.
  */
 #include "mf_py.h"
 
 PyObject *mf_py_regroup(PyObject *plan, PyObject *ops_list, const mf_gbuf *used, int32_t nv0)
 {
-    PyObject *gl, *groups = NULL;
+    PyObject *gl = PyDict_GetItemString(plan, "groups"), *kinds = PyDict_GetItemString(plan, "kinds");
+    PyObject *groups = NULL;
     Py_ssize_t i;
-    gl = PyDict_GetItemString(plan, "groups");
-    if (!gl) {
-        PyErr_SetString(PyExc_RuntimeError, "plan result lacks groups");
-        return NULL;
-    }
+    if (!gl || !kinds || !PyList_Check(gl) || !PyList_Check(kinds) || PyList_GET_SIZE(kinds) != PyList_GET_SIZE(gl))
+        return mf_py_raise_status(MF_EINTERNAL, "plan result lacks its groups or a kind per group");
     {
         PyObject *rinfo = (used != NULL) ? PyDict_GetItemString(plan, "recompute") : NULL;
         PyObject *origin = rinfo ? PyDict_GetItemString(rinfo, "origin") : NULL;

@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+int mf_test_kinds_ok(const mf_graph_desc *d, const mf_plan_result *r); /* test_kinds.c */
+
 static int g_failures = 0;
 static int g_checks = 0;
 
@@ -575,6 +577,7 @@ static int check_fusion_moves(const mf_graph_desc *d, const ref *r, int64_t best
     CHECK(ref_valid(r, res.order), "%s %d: moves: invalid order", what, seed);
     CHECK(ref_sim(r, res.order, res.group_ptr, res.n_groups, NULL) == res.peak_bytes, "%s %d: moves: ref peak",
           what, seed);
+    CHECK(mf_test_kinds_ok(d, &res), "%s %d: moves: group kinds", what, seed);
     CHECK(moved ? res.peak_bytes < unmoved : res.peak_bytes == unmoved, "%s %d: moves: peak %lld vs %lld (%d)",
           what, seed, (long long)res.peak_bytes, (long long)unmoved, (int)res.fusion_moves);
     CHECK(res.peak_bytes <= res.unfused_peak_bytes && res.unfused_peak_bytes >= best, "%s %d: moves: unfused",
@@ -647,6 +650,7 @@ static int check_plan_against_ref(const mf_graph_desc *d, const ref *r, int64_t 
               (long long)res.peak_bytes, (long long)mp);
         CHECK(mg == res.n_groups, "%s %d: groups %d != brute %d", what, seed, (int)res.n_groups, mg);
     }
+    CHECK(mf_test_kinds_ok(d, &res), "%s %d: group kinds", what, seed);
     CHECK(res.fusion_moves == 0, "%s %d: moves made while off", what, seed);
     moved = check_fusion_moves(d, r, best, res.peak_bytes, res.order, what, seed);
     mf_plan_result_free(&ctx, &res);
@@ -2088,6 +2092,7 @@ static void test_large(int full)
 
 int mf_test_comm(int *checks); /* test_comm.c */
 int mf_test_build(int *checks); /* test_build.c */
+int mf_test_kinds(int *checks); /* test_kinds.c */
 int test_harden(int *checks); /* test_harden.c */
 
 int main(int argc, char **argv)
@@ -2110,6 +2115,7 @@ int main(int argc, char **argv)
     g_failures += mf_test_comm(&g_checks);
     g_failures += mf_test_build(&g_checks);
     g_failures += test_harden(&g_checks);
+    g_failures += mf_test_kinds(&g_checks);
     printf("%d checks, %d failures\n", g_checks, g_failures);
     return g_failures ? 1 : 0;
 }

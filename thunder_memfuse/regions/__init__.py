@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .base import Group, RegionCompiler, make_group  # noqa: F401  (the interface: regions/base.py)
+from .base import Group, RegionCompiler, make_group, region_kind  # noqa: F401  (the interface: regions/base.py)
 
 COMPILERS = ("nvrtc", "torchcompile", "nvfuser", "fallback")
 KERNELS = ("auto",) + COMPILERS

@@ -6,12 +6,17 @@ ask it questions (compiles_regions, available, fusible, epilogue_pair, region_of
 build); neither knows a compiler by name.
 
 A Group is what build() gets: one planned group of bound symbols with its name, its inputs and
-outputs, and its kind (make_group):
+outputs, and its kind.  The kind comes from the plan (csrc/core/mf_core.h NOTE [group kinds]: the
+core decides it when it groups, the plan dict carries it as plan["kinds"]); region_kind turns it
+into the kind of region, the one place a compiler's choice enters:
 
-    REGION    two or more ops, compiled as one region
-    ONE       a lone op run as a region of its own (region_of_one: nvrtc's cuBLAS GEMMs)
-    EPILOGUE  [gemm, act] where the compiler's epilogue_pair(gemm, act) holds (the planner forms
-              such pairs: mf_fuse.c NOTE [epilogue pairs])
+    plan's kind   region kind
+    "single"      ONE where the compiler's region_of_one(bsym) holds (nvrtc's cuBLAS GEMMs), else
+                  no region: the op runs as it is
+    "region"      REGION    two or more fusible ops, compiled as one region
+    "epilogue"    EPILOGUE  [gemm, act], act run as gemm's epilogue (the planner forms such pairs
+                            only where the compiler's epilogue_pair(gemm, act) held:
+                            mf_fuse.c NOTE [epilogue pairs])
 
 Shared helpers: tensor_op (the opening checks of every `fusible`), pure (no random draw, no
 ordered effect), epilogue_result (the checks every epilogue_pair starts with), region_trace (a
@@ -25,9 +30,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+# the plan's kinds (csrc/core/mf_core.h NOTE [group kinds], the names plan.c gives them)
+SINGLE = "single"
 REGION = "region"
-ONE = "one"
 EPILOGUE = "epilogue"
+# the region kind of a single op that the compiler runs as a region (region_of_one)
+ONE = "one"
 
 
 @dataclass(frozen=True)
@@ -78,16 +86,28 @@ class RegionCompiler(Protocol):
         """The region's callable: (*args) -> list of outputs."""
 
 
-def make_group(name, bsyms, inputs, outputs, compiler: RegionCompiler) -> Group:
-    """The Group of planned bound symbols `bsyms`, its kind as `compiler` sees it."""
-    bsyms = tuple(bsyms)
-    if len(bsyms) == 1:
-        kind = ONE
-    elif len(bsyms) == 2 and compiler.epilogue_pair(*bsyms):
-        kind = EPILOGUE
-    else:
-        kind = REGION
-    return Group(name, bsyms, tuple(inputs), tuple(outputs), kind)
+def region_kind(plan_kind: str, bsyms, compiler: RegionCompiler):
+    """The kind of region planned group `bsyms` is, given its kind in the plan (SINGLE, REGION or
+    EPILOGUE); None: no region, its one op runs as it is.  A single op is a region (ONE) only
+    where `compiler` runs it as one (region_of_one); the plan's other kinds are taken as they
+    are, never worked out again from the bound symbols."""
+    if plan_kind == SINGLE:
+        if len(bsyms) != 1:
+            raise ValueError(f"memfuse: a group of {len(bsyms)} ops has the plan's kind {SINGLE!r}")
+        return ONE if compiler.region_of_one(bsyms[0]) else None
+    if plan_kind == EPILOGUE and len(bsyms) != 2:
+        raise ValueError(f"memfuse: an epilogue group of {len(bsyms)} ops")
+    if plan_kind in (REGION, EPILOGUE):
+        return plan_kind
+    raise ValueError(f"memfuse: unknown group kind {plan_kind!r}")
+
+
+def make_group(name, bsyms, inputs, outputs, kind: str) -> Group:
+    """The Group of bound symbols `bsyms` as a region of kind `kind` (REGION, ONE or EPILOGUE:
+    what region_kind gives for the plan's kind)."""
+    if kind not in (REGION, ONE, EPILOGUE):
+        raise ValueError(f"memfuse: {kind!r} is no region kind (one of {REGION!r}, {ONE!r}, {EPILOGUE!r})")
+    return Group(name, tuple(bsyms), tuple(inputs), tuple(outputs), kind)
 
 
 # ------------------------------------------------------------------------------------------
