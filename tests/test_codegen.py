@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import warnings
 import zlib
 
 import pytest
@@ -936,5 +937,73 @@ def test_fusible_bsym_warns_on_an_unforeseen_error(monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(lowering, "_lower", boom)
+    monkeypatch.setattr(lowering, "_per_op", {})  # forget the answer given above
+    monkeypatch.setattr(lowering, "_warned", set())
     with pytest.warns(MemFuseWarning, match="relu stays out of generated kernels: .*RuntimeError: boom"):
         assert not lowering.fusible_bsym(relu[0])
+    # said once: not for the same bound symbol again, nor for another relu with the same error
+    jf2 = thunder.jit(lambda x: torch.nn.functional.relu(x) * 2)
+    jf2(torch.randn(3))
+    relu2 = [b for b in thunder.last_traces(jf2)[-1].bound_symbols if b.sym.name == "relu"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not lowering.fusible_bsym(relu[0])
+        assert not lowering.fusible_bsym(relu2[0])
+
+
+def test_each_op_is_lowered_once_for_the_predicate_and_the_build(monkeypatch):
+    """regions/nvrtc/lowering.py NOTE [per-op lowering]: fusible_bsym lowers each bound symbol
+    once, answers again from its entry, and building a region of those bound symbols reuses
+    their lowering; the entry goes with its bound symbol."""
+    import gc
+
+    import thunder
+    from thunder_memfuse.regions.nvrtc import lowering
+
+    monkeypatch.setattr(lowering, "_per_op", {})
+    monkeypatch.setattr(lowering, "stats", {"lowered": 0, "reused": 0})
+    calls = []
+    real_check = lowering._check_leaves
+
+    def counting(bsym):
+        calls.append(bsym)
+        return real_check(bsym)
+
+    monkeypatch.setattr(lowering, "_check_leaves", counting)
+
+    def real_leaves_of(b):
+        return lowering._leaves(b, [])
+    x = torch.randn(4, 5)
+    tr, bsyms, inputs, outs, _ = _thunder_region(lambda t: (t.sin() * 2 + 1).relu(), x)
+    assert len(bsyms) >= 3
+    lowered = lowering.stats["lowered"]
+    assert lowered == len(calls) and all(any(c is b for b in tr.bound_symbols) for c in calls)
+    assert len({id(b) for b in calls}) == len(calls)  # once per bound symbol asked
+    assert all(K.fusible_bsym(b) for b in bsyms)  # answered from the entries
+    assert lowering.stats["lowered"] == lowered
+    K.build_cuda_region(bsyms, inputs, outs)
+    assert lowering.stats["lowered"] == lowered and len(calls) == lowered  # the build lowered nothing again
+    assert lowering.stats["reused"] >= len(bsyms)
+    # an unsupported op's reason is kept too
+    tr2 = thunder.jit(lambda t: t.sum())
+    tr2(x)
+    summ = [b for b in thunder.last_traces(tr2)[-1].bound_symbols if b.sym.name == "sum"]
+    for _ in range(2):
+        with pytest.raises(NotImplementedError):
+            K.build_cuda_region(summ, list(summ[0].flat_args[:1]), [summ[0].output])
+    assert sum(1 for b in calls if b is summ[0]) == 1
+    # an entry is weak: it goes with its bound symbol, and a copy of one is lowered for itself
+    copy = bsyms[0].from_bsym()
+    entries = len(lowering._per_op)
+    assert K.fusible_bsym(copy) and len(lowering._per_op) == entries + 1 and calls[-1] is copy
+    calls.clear()
+    del copy
+    gc.collect()
+    assert len(lowering._per_op) == entries
+    # ... also for a prim, its own only leaf (the entry must not hold it)
+    prim = real_leaves_of(bsyms[0])[0].from_bsym()
+    assert lowering._op_leaves(prim) == [prim] and lowering._op_leaves(prim)[0] is prim
+    calls.clear()
+    del prim
+    gc.collect()
+    assert len(lowering._per_op) == entries

@@ -188,6 +188,7 @@ int mf_test_kinds(int *checks)
     d = chain_desc(&c, 0, all, 1);
     expect_kinds(&d, NULL, one_region, 1, "three fusible, a pair named");
 
+    printf("group kinds: pairs, regions, singles (%d checks, %d failures)\n", k_checks, k_failures);
     *checks += k_checks;
     return k_failures;
 }

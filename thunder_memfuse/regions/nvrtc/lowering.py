@@ -16,12 +16,26 @@ NOTE [lowering]
      every operand allows it, and the kernel variant (ndim, 32/64-bit index, contiguous) is
      generated, compiled (cached) and launched on PyTorch's current stream.  Outputs are
      allocated with torch.empty, so the caching allocator sees every byte.
+
+NOTE [per-op lowering]
+  The C reader asks fusible_bsym of every bound symbol of every trace, and kernel.py lowers each
+  region of them again when it builds it.  What depends on one op alone is worked out once per
+  bound symbol and kept for both: its leaf prims, each leaf checked (kernel code for it, one
+  tensor out, supported dtypes, int shapes: step 1 and _lower's checks), and whether it lowers as
+  a region of its own (fusible_bsym's answer).  What depends on the region (the iteration space,
+  the mappings, the instructions) is still built per region.  The entries are keyed on the bound
+  symbol's identity: Thunder never changes a bound symbol once made (a transform makes new ones),
+  so the entry holds as long as the object lives.  Each holds a weak reference to its bound
+  symbol: the entry goes when the bound symbol does, and an object that later reuses the address
+  is never taken for it.  A bound symbol that cannot be weakly referenced is lowered every time.
 """
 from __future__ import annotations
 
 import functools
 import math
 import struct
+import threading
+import weakref
 from numbers import Number
 
 from ... import _C
@@ -152,19 +166,105 @@ def view_only_bsym(bsym) -> bool:
     return bool(leaves) and all(_prim_name(l) in _SHAPE_PRIMS for l in leaves)
 
 
+# NOTE [per-op lowering]: id(bsym) -> its _OpRecord
+_per_op: dict = {}
+_SELF = object()  # a leaf that is the bound symbol itself (a prim): the entry must not hold it
+stats = {"lowered": 0, "reused": 0}  # per-op lowerings made and reused (tests read them)
+
+
+class _OpRecord:
+    __slots__ = ("ref", "leaves", "error", "fusible")
+
+    def __init__(self, ref):
+        self.ref = ref
+        self.leaves = None    # the checked leaves (_SELF for bsym itself), once lowered
+        self.error = None     # or why they cannot be lowered (an _Unsupported's message)
+        self.fusible = None   # fusible_bsym's answer, once given
+
+
+def _forget(key, ref) -> None:
+    rec = _per_op.get(key)
+    if rec is not None and rec.ref is ref:
+        _per_op.pop(key, None)
+
+
+def _record(bsym):
+    """bsym's entry (NOTE [per-op lowering]), made on first use; None where bsym cannot be weakly
+    referenced."""
+    key = id(bsym)
+    rec = _per_op.get(key)
+    if rec is not None and rec.ref() is bsym:
+        return rec
+    try:
+        ref = weakref.ref(bsym, functools.partial(_forget, key))
+    except TypeError:
+        return None
+    rec = _per_op[key] = _OpRecord(ref)
+    return rec
+
+
+def _check_leaves(bsym) -> list:
+    """bsym's leaf prims, each checked as _lower needs it; _Unsupported otherwise."""
+    leaves = _leaves(bsym, [])
+    for leaf in leaves:
+        _leaf_kind(leaf)
+        _dtype_name(_leaf_output(leaf).dtype)
+        for a in leaf.args:
+            if _is_tensor(a):
+                _dtype_name(a.dtype)
+                _shape(a)
+    return leaves
+
+
+def _op_leaves(bsym) -> list:
+    """bsym's checked leaf prims, lowered once per bound symbol (NOTE [per-op lowering]);
+    _Unsupported where it has none a kernel can hold."""
+    rec = _record(bsym)
+    if rec is None:
+        stats["lowered"] += 1
+        return _check_leaves(bsym)
+    if rec.leaves is None and rec.error is None:
+        stats["lowered"] += 1
+        try:
+            leaves = _check_leaves(bsym)
+        except _Unsupported as e:
+            rec.error = str(e)
+        else:
+            rec.leaves = tuple(_SELF if l is bsym else l for l in leaves)
+    else:
+        stats["reused"] += 1
+    if rec.error is not None:
+        raise _Unsupported(rec.error)
+    return [bsym if l is _SELF else l for l in rec.leaves]
+
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
 def fusible_bsym(bsym) -> bool:
     """Can bsym (at the level of a final execution trace, e.g. torch.nn.functional.relu) be part of
     one generated elementwise kernel?  All leaf prims supported, tensors of supported dtypes, at
     least one arithmetic leaf (pure views stay outside: see view_only_bsym), and the bound symbol
-    on its own lowers to a valid region (shapes agree up to broadcasting)."""
+    on its own lowers to a valid region (shapes agree up to broadcasting).  Answered once per
+    bound symbol (NOTE [per-op lowering])."""
+    rec = _record(bsym)
+    if rec is not None and rec.fusible is not None:
+        return rec.fusible
+    answer = _fusible(bsym)
+    if rec is not None:
+        rec.fusible = answer
+    return answer
+
+
+def _fusible(bsym) -> bool:
     from ..base import tensor_op
 
     try:
         if not tensor_op(bsym):
             return False
         outs = [o for o in bsym.flat_outs if o is not None]
-        leaves = _leaves(bsym, [])
-        if all(_leaf_kind(l) == "shape" for l in leaves):
+        if all(_leaf_kind(l) == "shape" for l in _op_leaves(bsym)):
             return False
         inputs = []
         for a in bsym.flat_args:
@@ -174,11 +274,16 @@ def fusible_bsym(bsym) -> bool:
         return True
     except _Unsupported:
         return False
-    except Exception as e:  # a case the lowering did not foresee: say so, keep the op out of kernels
-        from ...errors import warn
+    except Exception as e:  # a case the lowering did not foresee: say so (once), keep the op out of kernels
+        key = (str(bsym.sym.name), type(e).__name__)
+        with _warned_lock:
+            first = key not in _warned
+            _warned.add(key)
+        if first:
+            from ...errors import warn
 
-        warn(f"memfuse nvrtc: {bsym.sym.name} stays out of generated kernels: lowering it raised "
-             f"{type(e).__name__}: {e}")
+            warn(f"memfuse nvrtc: {bsym.sym.name} stays out of generated kernels: lowering it raised "
+                 f"{type(e).__name__}: {e} (said once per op and exception type)")
         return False
 
 
@@ -278,19 +383,10 @@ class _Program:
 def _lower(bsyms, inputs, outputs) -> _Program:
     leaves = []
     for b in bsyms:
-        _leaves(b, leaves)
+        leaves.extend(_op_leaves(b))  # checked once per bound symbol (NOTE [per-op lowering])
     if not leaves:
         raise _Unsupported("empty region")
-    producer = {}
-    for leaf in leaves:
-        _leaf_kind(leaf)
-        out = _leaf_output(leaf)
-        _dtype_name(out.dtype)
-        producer[out.name] = leaf
-        for a in leaf.args:
-            if _is_tensor(a):
-                _dtype_name(a.dtype)
-                _shape(a)
+    producer = {leaf.output.name: leaf for leaf in leaves}
     in_pos = {}
     for i, p in enumerate(inputs):
         if _is_tensor(p) or _is_number_proxy(p):
