@@ -366,7 +366,7 @@ def _planned_groups(res):
     (csrc/core/mf_core.h NOTE [group kinds]): plan["kinds"][k] is the kind of
     plan["groups"][k], which the reader regrouped in order (trace_regroup.c).  In a
     backward whose saved tensors come from the virtual op 0 (res["saved_op"]), that op
-    runs before every other (trace.c NOTE [saved storages]), so it is the plan's first
+    runs before every other (csrc/core/mf_build.c NOTE [saved op]), so it is the plan's first
     group, the one the reader drops: it has no bound symbol."""
     plan = res["plan"]
     kinds = plan["kinds"]

@@ -15,8 +15,8 @@ into the kind of region, the one place a compiler's choice enters:
                   no region: the op runs as it is
     "region"      REGION    two or more fusible ops, compiled as one region
     "epilogue"    EPILOGUE  [gemm, act], act run as gemm's epilogue (the planner forms such pairs
-                            only where the compiler's epilogue_pair(gemm, act) held:
-                            mf_fuse.c NOTE [epilogue pairs])
+                            only from the candidates of the compiler's epilogue_role: mf_build.c
+                            NOTE [epilogue candidates], mf_fuse.c NOTE [epilogue pairs])
 
 Shared helpers: tensor_op (the opening checks of every `fusible`), pure (no random draw, no
 ordered effect), epilogue_result (the checks every epilogue_pair starts with), region_trace (a
