@@ -223,4 +223,48 @@ int mf_comm_place(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const uint8_t *comm
                   int32_t *group_ptr, int32_t n_groups, int64_t *peak_fused, int64_t *peak_unfused,
                   int32_t *moves);
 
+/* ---- recomputation (NOTE [recomputation], mf_remat.c) ----
+ * mf_remat_graph.c holds the graphs the search works on and the move itself
+ * (a split's copies inserted); mf_remat.c the scoring and the search. */
+
+/* A graph with its ops in order: op k runs k-th.  origin / vorigin: the op
+ * and value of the caller's graph each one is or copies. */
+typedef struct mf_wgraph {
+    int32_t n, nv, n_after;
+    int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *after;
+    int64_t *bytes;
+    int32_t *alias_of, *epi, *origin, *vorigin;
+    uint8_t *is_input, *is_output, *fusible, *comm, *cheap;
+    mf_arena arena;
+} mf_wgraph;
+
+/* One split of storage root r at its k-th reader. */
+typedef struct mf_split {
+    int32_t r, k;
+    int64_t bytes;
+} mf_split;
+
+/* Per storage root: its producer and its readers (not views of it), in order. */
+typedef struct mf_roots {
+    int32_t *prod;        /* nv: producing op or -1 */
+    int32_t *root;        /* nv: alias root */
+    int32_t *rd_ptr, *rd; /* nv + 1 CSR over roots: reading ops, ascending */
+    uint8_t *ok;          /* nv: eligible root */
+    int32_t *last;        /* nv: last op reading the root's storage (any alias, views too), -1 */
+    int32_t *last_other;  /* nv: last op reading it that is not in rd (an op making a view), -1 */
+} mf_roots;
+
+void mf_wg_free(mf_ctx *ctx, mf_wgraph *w);
+/* The caller's graph g with its ops in `order`, renumbered 0..n-1. */
+int mf_wg_from_desc(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, const int32_t *order,
+                    mf_wgraph *w);
+/* w's arrays (not copies) as the result's graph fields. */
+void mf_wg_result(const mf_wgraph *w, mf_remat_result *r);
+int mf_roots_build(mf_ctx *ctx, mf_arena *a, const mf_wgraph *w, mf_roots *R);
+/* src with the splits' copies inserted, into out (a fresh graph). */
+int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const mf_split *sp, int32_t n_sp,
+                    mf_wgraph *out);
+/* A view chain deeper than this (value, its base, ...) is an error of the move. */
+#define MF_REMAT_MAX_CHAIN 64
+
 #endif /* MF_INTERNAL_H */

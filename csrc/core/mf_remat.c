@@ -1,5 +1,7 @@
 /*
- * mf_remat.c -- recomputation as a planning move (NOTE [recomputation]).
+ * mf_remat.c -- recomputation as a planning move (NOTE [recomputation]): the
+ * scoring and the search.  The graphs it works on and the move itself are in
+ * mf_remat_graph.c.
  *
  * NOTE [recomputation]  Reordering cannot go below what a graph keeps alive:
  * a value computed early and read again much later holds its storage across
@@ -11,7 +13,7 @@
  * planned order), and readers k.. read the copy; readers through views of r
  * get copies of those view ops too (they allocate nothing).  A copy reads the
  * original's inputs, so it may keep them alive longer: every candidate is
- * scored by the simulator on the whole graph, which counts that.
+ * scored by the simulator's rule on the whole graph, which counts that.
  *
  * Eligible r: the storage root of the only output of a cheap op, not a graph
  * input or output (nor any alias of it), every view of it made by cheap
@@ -29,7 +31,8 @@
  *    after s (the only split that frees it across s); the best is kept while
  *    it lowers (peak, steps at the peak).  A copy is an op like any other,
  *    so later rounds may split the values it reads: chains are recomputed a
- *    link at a time.
+ *    link at a time.  Each round's candidates are scored without building
+ *    their graphs (NOTE [incremental scoring]); only the kept one is built.
  * The budget bounds the bytes the copies write (views count nothing), the
  * stand-in for their work.  The result is the graph with the copies, its ops
  * renumbered so that the searched order is 0..n-1; the caller plans it again
@@ -42,399 +45,7 @@
 
 #define MF_REMAT_EXACT 10
 
-/* A graph with its ops in order: op k runs k-th. */
-typedef struct wgraph {
-    int32_t n, nv, n_after;
-    int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *after;
-    int64_t *bytes;
-    int32_t *alias_of, *epi, *origin, *vorigin;
-    uint8_t *is_input, *is_output, *fusible, *comm, *cheap;
-    mf_arena arena;
-} wgraph;
-
-static void wg_free(mf_ctx *ctx, wgraph *w)
-{
-    mf_arena_release(ctx, &w->arena);
-    memset(w, 0, sizeof *w);
-}
-
-static void wg_desc(const wgraph *w, mf_graph_desc *d)
-{
-    memset(d, 0, sizeof *d);
-    d->n_ops = w->n;
-    d->n_values = w->nv;
-    d->in_ptr = w->in_ptr;
-    d->in_idx = w->in_idx;
-    d->out_ptr = w->out_ptr;
-    d->out_idx = w->out_idx;
-    d->value_bytes = w->bytes;
-    d->alias_of = w->alias_of;
-    d->is_input = w->is_input;
-    d->is_output = w->is_output;
-    d->fusible = w->fusible;
-    d->n_after = w->n_after;
-    d->after = w->after;
-    d->epilogue_of = w->epi;
-    d->comm = w->comm;
-}
-
-/* One split of storage root r at its k-th reader. */
-typedef struct split {
-    int32_t r, k;
-    int64_t bytes;
-} split;
-
-/* Per storage root: its producer and its readers (not views of it), in order. */
-typedef struct roots {
-    int32_t *prod;            /* nv: producing op or -1 */
-    int32_t *root;            /* nv: alias root */
-    int32_t *rd_ptr, *rd;     /* nv + 1 CSR over roots: reading ops, ascending */
-    uint8_t *ok;              /* nv: eligible root */
-    int32_t *last;            /* nv: last op reading the root's storage (any alias, views too), -1 */
-} roots;
-
-static int is_view_op(const wgraph *w, int32_t op)
-{
-    int32_t j;
-    for (j = w->out_ptr[op]; j < w->out_ptr[op + 1]; j++)
-        if (w->alias_of[w->out_idx[j]] >= 0)
-            return 1;
-    return 0;
-}
-
-static int roots_build(mf_ctx *ctx, mf_arena *a, const wgraph *w, roots *R)
-{
-    int32_t v, k, j, *cnt;
-    R->prod = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
-    R->root = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
-    R->rd_ptr = mf_arena_array(ctx, a, (size_t)w->nv + 2, sizeof(int32_t));
-    R->ok = mf_arena_array(ctx, a, (size_t)w->nv + 1, 1);
-    R->last = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
-    cnt = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
-    if (!R->prod || !R->root || !R->rd_ptr || !R->ok || !R->last || !cnt)
-        return MF_ENOMEM;
-    for (v = 0; v < w->nv; v++) {
-        R->prod[v] = -1;
-        R->last[v] = -1;
-    }
-    for (k = 0; k < w->n; k++)
-        for (j = w->out_ptr[k]; j < w->out_ptr[k + 1]; j++)
-            R->prod[w->out_idx[j]] = k;
-    for (v = 0; v < w->nv; v++) {
-        int32_t r = v, guard = 0;
-        while (w->alias_of[r] >= 0 && guard++ <= w->nv)
-            r = w->alias_of[r];
-        R->root[v] = r;
-    }
-    /* eligibility of roots; views of r must be cheap single-output ops */
-    for (v = 0; v < w->nv; v++) {
-        int32_t p = R->prod[v];
-        R->ok[v] = (uint8_t)(w->alias_of[v] < 0 && !w->is_input[v] && p >= 0 && w->cheap[p] &&
-                             w->out_ptr[p + 1] - w->out_ptr[p] == 1);
-    }
-    for (v = 0; v < w->nv; v++) {
-        int32_t r = R->root[v], p = R->prod[v];
-        if (w->is_output[v] || w->is_input[r])
-            R->ok[r] = 0;
-        if (v != r && (p < 0 || !w->cheap[p] || w->out_ptr[p + 1] - w->out_ptr[p] != 1))
-            R->ok[r] = 0;
-    }
-    /* readers: ops reading some alias of r that do not produce a view of r */
-    for (k = 0; k < w->n; k++) {
-        int view = is_view_op(w, k);
-        for (j = w->in_ptr[k]; j < w->in_ptr[k + 1]; j++) {
-            int32_t r = R->root[w->in_idx[j]], i2, dup = 0;
-            R->last[r] = k;
-            if (view)
-                continue;
-            for (i2 = w->in_ptr[k]; i2 < j; i2++)
-                if (R->root[w->in_idx[i2]] == r)
-                    dup = 1;
-            if (!dup)
-                cnt[r]++;
-        }
-    }
-    R->rd_ptr[0] = 0;
-    for (v = 0; v < w->nv; v++)
-        R->rd_ptr[v + 1] = R->rd_ptr[v] + cnt[v];
-    R->rd = mf_arena_array(ctx, a, (size_t)R->rd_ptr[w->nv] + 1, sizeof(int32_t));
-    if (!R->rd)
-        return MF_ENOMEM;
-    memset(cnt, 0, sizeof(int32_t) * (size_t)(w->nv + 1));
-    for (k = 0; k < w->n; k++) {
-        if (is_view_op(w, k))
-            continue;
-        for (j = w->in_ptr[k]; j < w->in_ptr[k + 1]; j++) {
-            int32_t r = R->root[w->in_idx[j]], i2, dup = 0;
-            for (i2 = w->in_ptr[k]; i2 < j; i2++)
-                if (R->root[w->in_idx[i2]] == r)
-                    dup = 1;
-            if (!dup)
-                R->rd[R->rd_ptr[r] + cnt[r]++] = k;
-        }
-    }
-    for (v = 0; v < w->nv; v++)
-        if (R->rd_ptr[v + 1] - R->rd_ptr[v] < 2)
-            R->ok[v] = 0;
-    return MF_OK;
-}
-
-/* ---- applying splits: a new wgraph with the copies inserted ---- */
-
-typedef struct builder {
-    int32_t n, nv, n_in, n_out, n_after;
-    int32_t cap_ops, cap_v, cap_in, cap_out, cap_after;
-    wgraph *w;
-} builder;
-
-static int grow(mf_ctx *ctx, mf_arena *a, void **p, int32_t *cap, int32_t need, size_t size)
-{
-    int32_t nc;
-    void *q;
-    if (need <= *cap)
-        return MF_OK;
-    nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > INT32_MAX / 2)
-            return mf_set_error(ctx, MF_ENOMEM, "recomputation: graph too large");
-        nc *= 2;
-    }
-    q = mf_arena_array(ctx, a, (size_t)nc, size);
-    if (!q)
-        return MF_ENOMEM;
-    if (*p)
-        memcpy(q, *p, (size_t)*cap * size);
-    *p = q;
-    *cap = nc;
-    return MF_OK;
-}
-
-/* Per-op and per-value arrays grow together; ptr arrays have one more entry. */
-static int b_reserve(mf_ctx *ctx, builder *b, int32_t ops, int32_t vals)
-{
-    wgraph *w = b->w;
-    mf_arena *a = &w->arena;
-    int32_t co = b->cap_ops, cv = b->cap_v, st;
-    if (ops + 1 > co) {
-        int32_t c1 = co, c2 = co, c3 = co, c4 = co, c5 = co, c6 = co, c7 = co;
-        if ((st = grow(ctx, a, (void **)&w->in_ptr, &c1, ops + 1, sizeof(int32_t))) ||
-            (st = grow(ctx, a, (void **)&w->out_ptr, &c2, ops + 1, sizeof(int32_t))) ||
-            (st = grow(ctx, a, (void **)&w->epi, &c3, ops + 1, sizeof(int32_t))) ||
-            (st = grow(ctx, a, (void **)&w->origin, &c4, ops + 1, sizeof(int32_t))) ||
-            (st = grow(ctx, a, (void **)&w->fusible, &c5, ops + 1, 1)) ||
-            (st = grow(ctx, a, (void **)&w->comm, &c6, ops + 1, 1)) ||
-            (st = grow(ctx, a, (void **)&w->cheap, &c7, ops + 1, 1)))
-            return st;
-        b->cap_ops = c1;
-    }
-    if (vals > cv) {
-        int32_t c1 = cv, c2 = cv, c3 = cv, c4 = cv, c5 = cv;
-        if ((st = grow(ctx, a, (void **)&w->bytes, &c1, vals, sizeof(int64_t))) ||
-            (st = grow(ctx, a, (void **)&w->alias_of, &c2, vals, sizeof(int32_t))) ||
-            (st = grow(ctx, a, (void **)&w->vorigin, &c3, vals, sizeof(int32_t))) ||
-            (st = grow(ctx, a, (void **)&w->is_input, &c4, vals, 1)) ||
-            (st = grow(ctx, a, (void **)&w->is_output, &c5, vals, 1)))
-            return st;
-        b->cap_v = c1;
-    }
-    return MF_OK;
-}
-
-static int32_t b_value(mf_ctx *ctx, builder *b, const wgraph *src, int32_t like, int32_t alias)
-{
-    wgraph *w = b->w;
-    int32_t v = b->nv;
-    if (b_reserve(ctx, b, b->n, v + 1))
-        return -1;
-    w->bytes[v] = src->bytes[like];
-    w->alias_of[v] = alias;
-    w->vorigin[v] = src->vorigin[like];
-    w->is_input[v] = 0;
-    w->is_output[v] = 0;
-    b->nv++;
-    return v;
-}
-
-/* Append op k of src with inputs remapped through map (value -> value, -1 = same) and,
- * for a copy, its outputs given in outs.  new_of[k] receives the new id of an original. */
-static int b_op(mf_ctx *ctx, builder *b, const wgraph *src, int32_t k, const int32_t *map, const int32_t *outs,
-                int copy)
-{
-    wgraph *w = b->w;
-    int32_t j, nin = src->in_ptr[k + 1] - src->in_ptr[k], nout = src->out_ptr[k + 1] - src->out_ptr[k], op = b->n;
-    int st;
-    if ((st = b_reserve(ctx, b, op + 1, b->nv)) ||
-        (st = grow(ctx, &w->arena, (void **)&w->in_idx, &b->cap_in, b->n_in + nin + 1, sizeof(int32_t))) ||
-        (st = grow(ctx, &w->arena, (void **)&w->out_idx, &b->cap_out, b->n_out + nout + 1, sizeof(int32_t))))
-        return st;
-    w->in_ptr[op] = b->n_in;
-    w->out_ptr[op] = b->n_out;
-    for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++) {
-        int32_t v = src->in_idx[j];
-        w->in_idx[b->n_in++] = map && map[v] >= 0 ? map[v] : v;
-    }
-    for (j = 0; j < nout; j++)
-        w->out_idx[b->n_out++] = copy ? outs[j] : src->out_idx[src->out_ptr[k] + j];
-    w->in_ptr[op + 1] = b->n_in;
-    w->out_ptr[op + 1] = b->n_out;
-    w->fusible[op] = src->fusible[k];
-    w->comm[op] = copy ? 0 : src->comm[k];
-    w->cheap[op] = src->cheap[k];
-    w->epi[op] = copy ? -1 : src->epi[k];
-    w->origin[op] = src->origin[k];
-    b->n++;
-    return MF_OK;
-}
-
-/* The graph src with the splits applied (each split's copy runs right before the reader
- * that starts its segment).  out is a fresh wgraph. */
-static int apply_splits(mf_ctx *ctx, const wgraph *src, const roots *R, const split *sp, int32_t n_sp,
-                        wgraph *out)
-{
-    mf_arena tmp = {NULL};
-    builder b;
-    int32_t *seg_of, *newid, *map, *copy_of, *cp_src = NULL, *cp_new = NULL, n_copies = 0, cap_cp = 0;
-    int32_t k, i, j, v, q;
-    int st = MF_OK;
-
-    memset(out, 0, sizeof *out);
-    memset(&b, 0, sizeof b);
-    b.w = out;
-    /* seg_of[op * n_sp + i] >= 0: op reads split i's copy (it is in that split's segment) */
-    seg_of = mf_arena_array(ctx, &tmp, (size_t)src->n * (size_t)(n_sp ? n_sp : 1) + 1, sizeof(int32_t));
-    newid = mf_arena_array(ctx, &tmp, (size_t)src->n + 1, sizeof(int32_t));
-    map = mf_arena_array(ctx, &tmp, (size_t)src->nv + 1, sizeof(int32_t));
-    /* copies of values per split: copy_of[s * nv + v] */
-    copy_of = mf_arena_array(ctx, &tmp, (size_t)(n_sp ? n_sp : 1) * (size_t)src->nv + 1, sizeof(int32_t));
-    if (!seg_of || !newid || !map || !copy_of) {
-        st = MF_ENOMEM;
-        goto done;
-    }
-    for (i = 0; i < src->n * (n_sp ? n_sp : 1); i++)
-        seg_of[i] = -1;
-    for (i = 0; i < n_sp * src->nv; i++)
-        copy_of[i] = -1;
-    for (v = 0; v < src->nv; v++)
-        map[v] = -1;
-    /* which readers read which split: split s covers readers k..(next split of r) */
-    for (i = 0; i < n_sp; i++) {
-        int32_t r = sp[i].r, lo = sp[i].k, hi = R->rd_ptr[r + 1] - R->rd_ptr[r];
-        for (j = 0; j < n_sp; j++)
-            if (sp[j].r == r && sp[j].k > lo && sp[j].k < hi)
-                hi = sp[j].k;
-        for (q = lo; q < hi; q++)
-            seg_of[(size_t)R->rd[R->rd_ptr[r] + q] * (size_t)n_sp + (size_t)i] = 1;
-    }
-    if ((st = b_reserve(ctx, &b, src->n + 1, src->nv)))
-        goto done;
-    memcpy(out->bytes, src->bytes, sizeof(int64_t) * (size_t)src->nv);
-    memcpy(out->alias_of, src->alias_of, sizeof(int32_t) * (size_t)src->nv);
-    memcpy(out->vorigin, src->vorigin, sizeof(int32_t) * (size_t)src->nv);
-    memcpy(out->is_input, src->is_input, (size_t)src->nv);
-    memcpy(out->is_output, src->is_output, (size_t)src->nv);
-    b.nv = src->nv;
-    for (k = 0; k < src->n; k++) {
-        /* copies needed by op k (it reads a split root's alias in split i's segment) */
-        for (i = 0; i < n_sp; i++) {
-            if (seg_of[(size_t)k * (size_t)n_sp + (size_t)i] < 0)
-                continue;
-            for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++) {
-                int32_t x = src->in_idx[j], chain[64], nc = 0, c;
-                if (R->root[x] != sp[i].r)
-                    continue;
-                /* copy the alias chain root .. x that split i has not copied yet */
-                for (v = x; v >= 0 && copy_of[(size_t)i * (size_t)src->nv + (size_t)v] < 0 && nc < 64;
-                     v = src->alias_of[v])
-                    chain[nc++] = v;
-                if (nc == 64) {
-                    st = mf_set_error(ctx, MF_EINVAL, "recomputation: view chain too deep");
-                    goto done;
-                }
-                for (c = nc - 1; c >= 0; c--) {
-                    int32_t y = chain[c], p = R->prod[y], o, jj, nv0;
-                    int32_t outs[1];
-                    /* the copy's inputs: earlier copies of this split where they exist */
-                    for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++) {
-                        int32_t u = src->in_idx[jj];
-                        map[u] = copy_of[(size_t)i * (size_t)src->nv + (size_t)u];
-                    }
-                    nv0 = src->alias_of[y] >= 0 ? copy_of[(size_t)i * (size_t)src->nv + (size_t)src->alias_of[y]]
-                                                : -1;
-                    if ((o = b_value(ctx, &b, src, y, nv0)) < 0) {
-                        st = MF_ENOMEM;
-                        goto done;
-                    }
-                    outs[0] = o;
-                    if (n_copies == cap_cp) {
-                        int32_t c1 = cap_cp;
-                        if ((st = grow(ctx, &tmp, (void **)&cp_src, &c1, cap_cp + 1, sizeof(int32_t))) ||
-                            (st = grow(ctx, &tmp, (void **)&cp_new, &cap_cp, cap_cp + 1, sizeof(int32_t))))
-                            goto done;
-                    }
-                    cp_src[n_copies] = p;
-                    cp_new[n_copies++] = b.n;
-                    if ((st = b_op(ctx, &b, src, p, map, outs, 1)))
-                        goto done;
-                    for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++)
-                        map[src->in_idx[jj]] = -1;
-                    copy_of[(size_t)i * (size_t)src->nv + (size_t)y] = o;
-                }
-            }
-        }
-        /* op k itself, reading the copies of its segments */
-        for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++) {
-            int32_t x = src->in_idx[j];
-            map[x] = -1;
-            for (i = 0; i < n_sp; i++)
-                if (seg_of[(size_t)k * (size_t)n_sp + (size_t)i] >= 0 && R->root[x] == sp[i].r)
-                    map[x] = copy_of[(size_t)i * (size_t)src->nv + (size_t)x];
-        }
-        newid[k] = b.n;
-        if ((st = b_op(ctx, &b, src, k, map, NULL, 0)))
-            goto done;
-        for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++)
-            map[src->in_idx[j]] = -1;
-    }
-    /* ordering edges, renumbered; a copy keeps its original's incoming edges */
-    for (i = 0; i < src->n_after; i++) {
-        int32_t x = src->after[2 * i], y = src->after[2 * i + 1];
-        if ((st = grow(ctx, &out->arena, (void **)&out->after, &b.cap_after, 2 * b.n_after + 2, sizeof(int32_t))))
-            goto done;
-        out->after[2 * b.n_after] = newid[x];
-        out->after[2 * b.n_after + 1] = newid[y];
-        b.n_after++;
-    }
-    /* a copy keeps its original's incoming ordering edges (the virtual op making a backward's
-     * saved tensors comes first, say); the original's predecessors all run before it */
-    for (q = 0; q < n_copies; q++)
-        for (i = 0; i < src->n_after; i++)
-            if (src->after[2 * i + 1] == cp_src[q]) {
-                if ((st = grow(ctx, &out->arena, (void **)&out->after, &b.cap_after, 2 * b.n_after + 2,
-                               sizeof(int32_t))))
-                    goto done;
-                out->after[2 * b.n_after] = newid[src->after[2 * i]];
-                out->after[2 * b.n_after + 1] = cp_new[q];
-                b.n_after++;
-            }
-    for (k = 0; k < src->n; k++)
-        if (out->epi[newid[k]] >= 0)
-            out->epi[newid[k]] = newid[src->epi[k]];
-    out->n = b.n;
-    out->nv = b.nv;
-    out->n_after = b.n_after;
-    if (!out->after) {
-        out->after = mf_arena_array(ctx, &out->arena, 2, sizeof(int32_t));
-        if (!out->after)
-            st = MF_ENOMEM;
-    }
-done:
-    mf_arena_release(ctx, &tmp);
-    if (st)
-        wg_free(ctx, out);
-    return st;
-}
-
-/* ---- scoring and search ---- */
+/* ---- scoring ---- */
 
 typedef struct score {
     int64_t peak;
@@ -442,23 +53,29 @@ typedef struct score {
     int32_t step;    /* the first of them */
 } score;
 
-static int score_of(mf_ctx *ctx, const wgraph *w, score *sc)
+/* The unfused simulation of w in its order 0..n-1 (NOTE [cost model]);
+ * during and live (n entries each, may be NULL) receive each step's memory
+ * and the live bytes after it. */
+static int score_of(mf_ctx *ctx, const mf_wgraph *w, score *sc, int64_t *during, int64_t *live)
 {
     mf_graph_desc d;
+    mf_remat_result as_result;
     mf_arena a = {NULL};
     int32_t *order, k;
     int64_t *step;
     int st;
     order = mf_arena_array(ctx, &a, (size_t)w->n + 1, sizeof(int32_t));
-    step = mf_arena_array(ctx, &a, (size_t)w->n + 1, sizeof(int64_t));
+    step = during ? during : mf_arena_array(ctx, &a, (size_t)w->n + 1, sizeof(int64_t));
     if (!order || !step) {
         mf_arena_release(ctx, &a);
         return MF_ENOMEM;
     }
     for (k = 0; k < w->n; k++)
         order[k] = k;
-    wg_desc(w, &d);
-    st = mf_simulate(ctx, &d, order, NULL, w->n, &sc->peak, step, NULL);
+    memset(&as_result, 0, sizeof as_result);
+    mf_wg_result(w, &as_result);
+    mf_remat_result_desc(&as_result, &d);
+    st = mf_simulate(ctx, &d, order, NULL, w->n, &sc->peak, step, live);
     if (st == MF_OK) {
         sc->at_peak = 0;
         sc->step = -1;
@@ -482,92 +99,418 @@ static int better(const score *a, int64_t abytes, const score *b, int64_t bbytes
     return abytes < bbytes;
 }
 
-static int wg_from_desc(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, const int32_t *order,
-                        wgraph *w)
+/* Splits scored the long way: their graph built and simulated. */
+static int score_built(mf_ctx *ctx, const mf_wgraph *w, const mf_roots *R, const mf_split *sp, int32_t n_sp,
+                       score *sc)
 {
-    mf_arena tmp = {NULL};
-    builder b;
-    int32_t *newid, i, k, v;
-    int st;
-    wgraph src;
-    memset(w, 0, sizeof *w);
-    memset(&b, 0, sizeof b);
-    memset(&src, 0, sizeof src);
-    b.w = w;
-    /* a view of g as a wgraph in its own numbering, to copy ops from in order */
-    src.n = g->n_ops;
-    src.nv = g->n_values;
-    src.in_ptr = (int32_t *)g->in_ptr;
-    src.in_idx = (int32_t *)g->in_idx;
-    src.out_ptr = (int32_t *)g->out_ptr;
-    src.out_idx = (int32_t *)g->out_idx;
-    src.bytes = (int64_t *)g->value_bytes;
-    newid = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, sizeof(int32_t));
-    src.alias_of = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, sizeof(int32_t));
-    src.vorigin = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, sizeof(int32_t));
-    src.is_input = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, 1);
-    src.is_output = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, 1);
-    src.epi = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, sizeof(int32_t));
-    src.origin = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, sizeof(int32_t));
-    src.fusible = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, 1);
-    src.comm = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, 1);
-    src.cheap = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, 1);
-    if (!newid || !src.alias_of || !src.vorigin || !src.is_input || !src.is_output || !src.epi || !src.origin ||
-        !src.fusible || !src.comm || !src.cheap) {
-        st = MF_ENOMEM;
-        goto done;
+    mf_wgraph t;
+    int st = mf_apply_splits(ctx, w, R, sp, n_sp, &t);
+    if (st == MF_OK) {
+        st = score_of(ctx, &t, sc, NULL, NULL);
+        mf_wg_free(ctx, &t);
     }
-    for (v = 0; v < g->n_values; v++) {
-        src.alias_of[v] = g->alias_of ? g->alias_of[v] : -1;
-        src.vorigin[v] = v;
-        src.is_input[v] = g->is_input ? g->is_input[v] : 0;
-        src.is_output[v] = g->is_output ? g->is_output[v] : 0;
-    }
-    for (k = 0; k < g->n_ops; k++) {
-        src.epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
-        src.origin[k] = k;
-        src.fusible[k] = g->fusible ? g->fusible[k] : 0;
-        src.comm[k] = g->comm ? g->comm[k] : 0;
-        src.cheap[k] = cheap ? cheap[k] : 0;
-    }
-    if ((st = b_reserve(ctx, &b, g->n_ops + 1, g->n_values + 1)))
-        goto done;
-    memcpy(w->bytes, g->value_bytes, sizeof(int64_t) * (size_t)g->n_values);
-    memcpy(w->alias_of, src.alias_of, sizeof(int32_t) * (size_t)g->n_values);
-    memcpy(w->vorigin, src.vorigin, sizeof(int32_t) * (size_t)g->n_values);
-    memcpy(w->is_input, src.is_input, (size_t)g->n_values);
-    memcpy(w->is_output, src.is_output, (size_t)g->n_values);
-    b.nv = g->n_values;
-    for (i = 0; i < g->n_ops; i++) {
-        newid[order[i]] = i;
-        if ((st = b_op(ctx, &b, &src, order[i], NULL, NULL, 0)))
-            goto done;
-    }
-    for (k = 0; k < b.n; k++)
-        if (w->epi[k] >= 0)
-            w->epi[k] = newid[w->epi[k]];
-    for (i = 0; i < g->n_after; i++) {
-        if ((st = grow(ctx, &w->arena, (void **)&w->after, &b.cap_after, 2 * b.n_after + 2, sizeof(int32_t))))
-            goto done;
-        w->after[2 * b.n_after] = newid[g->after[2 * i]];
-        w->after[2 * b.n_after + 1] = newid[g->after[2 * i + 1]];
-        b.n_after++;
-    }
-    if (!w->after && !(w->after = mf_arena_array(ctx, &w->arena, 2, sizeof(int32_t)))) {
-        st = MF_ENOMEM;
-        goto done;
-    }
-    w->n = b.n;
-    w->nv = b.nv;
-    w->n_after = b.n_after;
-done:
-    mf_arena_release(ctx, &tmp);
-    if (st)
-        wg_free(ctx, w);
     return st;
 }
 
-static int32_t first_reader_after(const roots *R, int32_t r, int32_t s)
+/*
+ * NOTE [incremental scoring]  Splits change the intervals of a few storages
+ * only: a split root's first copy is now freed after the last op still
+ * reading it (its readers before the first split, the ops making views of
+ * it); each copy's storage lives from its copy op to the last reader of its
+ * segment; a storage a copy op reads that was freed before it now lives
+ * until the last such op.  Every other storage keeps its interval of steps,
+ * and the simulator's `during` of a step is the sum of the storages whose
+ * interval holds it.  So the score of a set of splits is the current order's
+ * step memory plus those intervals' differences: between consecutive ends of
+ * the changed intervals the difference is constant, and a segment tree over
+ * the steps gives each such run's maximum and how many steps reach it; each
+ * inserted copy op counts the live bytes after the step before it plus the
+ * differences there.  Positions in the new order are keys: old step t is
+ * (t << 32 | INT32_MAX), the j-th op inserted (in mf_apply_splits's order:
+ * by the old step they precede, then by split, then by the reader's inputs)
+ * is (t << 32 | j), which sorts it after step t - 1 and before step t.  The
+ * result equals the simulation of the built graph: MF_STRICT_CHECKS builds
+ * compare the two for every candidate, and the kept splits' graph is
+ * simulated anyway; should the two ever disagree there, the search scores
+ * the rest the long way (an error under MF_STRICT_CHECKS).
+ */
+#define KEY_OLD(t) (((int64_t)(t) << 32) | INT32_MAX)
+#ifdef MF_STRICT_CHECKS
+#define MF_REMAT_FALLBACK 0
+#else
+#define MF_REMAT_FALLBACK 1
+#endif
+
+/* A storage whose interval the splits change: old [os, oe], new [ns, ne] (keys). */
+typedef struct ichange {
+    int64_t os, oe, ns, ne, bytes;
+    int32_t root; /* -1: a copy's storage */
+} ichange;
+
+typedef struct iscore {
+    mf_arena a;             /* everything below */
+    const mf_wgraph *w;
+    mf_roots R;
+    score sc;               /* w's own score */
+    int64_t *during, *live; /* n: each step's memory and the live bytes after it */
+    int64_t *tmax;          /* 2 * tn: segment tree of during's maximum ... */
+    int32_t *tcnt;          /* ... and how many steps reach it */
+    int32_t tn;             /* leaves: a power of two >= n */
+    int32_t *end;           /* nv, per root: the last step its storage is counted in */
+    uint8_t *fixed;         /* nv, per root: a graph input's or output's storage (no split moves it) */
+    uint16_t *copied;       /* nv scratch: bit i: split i copies the value */
+    int32_t *chg_of;        /* nv scratch: a root's entry in chg, or -1 */
+    int32_t *vals;          /* nv: the values copied, to clear */
+    int64_t *ins, *bp;      /* the inserted ops' keys; the runs' first steps */
+    int32_t *walk;          /* (old step, split) pairs of the segments' readers */
+    ichange *chg;
+    int32_t n_ins, n_chg, n_vals, cap;
+} iscore;
+
+static void top(int64_t *peak, int32_t *count, int64_t v, int32_t c)
+{
+    if (v > *peak) {
+        *peak = v;
+        *count = c;
+    } else if (v == *peak) {
+        *count += c;
+    }
+}
+
+static void iscore_free(mf_ctx *ctx, iscore *I)
+{
+    mf_arena_release(ctx, &I->a);
+    memset(I, 0, sizeof *I);
+}
+
+/* w's roots, its unfused steps and their tree.  The steps come from the
+ * storages' intervals, by mf_pg_simulate's rule (a storage counts from the
+ * step allocating it through its last reader, to the end when it is an
+ * output), which spares each round the checks and the dependency edges of
+ * mf_simulate; MF_STRICT_CHECKS builds compare the two. */
+static int iscore_init(mf_ctx *ctx, const mf_wgraph *w, iscore *I)
+{
+    int32_t n = w->n, nv = w->nv, t, v;
+    int64_t live = 0, *cnt, *diff;
+    mf_arena *a = &I->a;
+    int st;
+    memset(I, 0, sizeof *I);
+    I->w = w;
+    if ((st = mf_roots_build(ctx, a, w, &I->R)))
+        goto fail;
+    for (I->tn = 1; I->tn < n; I->tn *= 2)
+        ;
+    I->cap = 4 * (nv + 2) + 4 * MF_REMAT_EXACT; /* changes: roots, copies and the storages copies read */
+    I->during = mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    I->live = mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    I->tmax = mf_arena_array(ctx, a, 2 * (size_t)I->tn, sizeof(int64_t));
+    I->tcnt = mf_arena_array(ctx, a, 2 * (size_t)I->tn, sizeof(int32_t));
+    I->end = mf_arena_array(ctx, a, (size_t)nv + 1, sizeof(int32_t));
+    I->fixed = mf_arena_array(ctx, a, (size_t)nv + 1, 1);
+    I->copied = mf_arena_array(ctx, a, (size_t)nv + 1, sizeof(uint16_t));
+    I->chg_of = mf_arena_array(ctx, a, (size_t)nv + 1, sizeof(int32_t));
+    I->vals = mf_arena_array(ctx, a, (size_t)nv + 1, sizeof(int32_t));
+    I->ins = mf_arena_array(ctx, a, (size_t)nv * MF_REMAT_EXACT + 1, sizeof(int64_t)); /* a split copies each value once */
+    I->bp = mf_arena_array(ctx, a, (size_t)I->cap, sizeof(int64_t));
+    I->walk = mf_arena_array(ctx, a, 2 * ((size_t)w->in_ptr[n] + 1), sizeof(int32_t));
+    I->chg = mf_arena_array(ctx, a, (size_t)nv + MF_REMAT_EXACT + 2, sizeof(ichange));
+    cnt = mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    diff = mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    if (!I->during || !I->live || !I->tmax || !I->tcnt || !I->end || !I->fixed || !I->copied || !I->chg_of ||
+        !I->vals || !I->ins || !I->bp || !I->walk || !I->chg || !cnt || !diff) {
+        st = MF_ENOMEM;
+        goto fail;
+    }
+    for (v = 0; v < nv; v++) {
+        I->chg_of[v] = -1;
+        if (w->is_input[v] || w->is_output[v])
+            I->fixed[I->R.root[v]] = 1;
+    }
+    for (v = 0; v < nv; v++) {
+        int32_t p = I->R.prod[v];
+        if (I->R.root[v] != v || p < 0)
+            continue;
+        I->end[v] = I->fixed[v] ? n - 1 : (I->R.last[v] > p ? I->R.last[v] : p);
+        cnt[p] += w->bytes[v];
+        diff[p] += w->bytes[v];
+        if (!I->fixed[v])
+            diff[I->end[v]] -= w->bytes[v];
+    }
+    for (t = 0; t < I->tn; t++) {
+        if (t < n) {
+            I->during[t] = live + cnt[t];
+            live += diff[t];
+            I->live[t] = live;
+        }
+        I->tmax[I->tn + t] = t < n ? I->during[t] : -1;
+        I->tcnt[I->tn + t] = t < n;
+    }
+    for (t = I->tn - 1; t >= 1; t--) {
+        I->tmax[t] = I->tmax[2 * t];
+        I->tcnt[t] = I->tcnt[2 * t];
+        top(&I->tmax[t], &I->tcnt[t], I->tmax[2 * t + 1], I->tcnt[2 * t + 1]);
+    }
+    I->sc.peak = n > 0 ? I->tmax[1] : 0;
+    I->sc.at_peak = n > 0 ? I->tcnt[1] : 0;
+    I->sc.step = -1;
+    for (t = 0; t < n && I->sc.step < 0; t++)
+        if (I->during[t] == I->sc.peak)
+            I->sc.step = t;
+#ifdef MF_STRICT_CHECKS
+    {
+        score full;
+        int64_t *step = mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+        if (!step) {
+            st = MF_ENOMEM;
+            goto fail;
+        }
+        if ((st = score_of(ctx, w, &full, step, NULL)))
+            goto fail;
+        for (t = 0; t < n; t++)
+            if (step[t] != I->during[t]) {
+                st = mf_set_error(ctx, MF_EINTERNAL, "recomputation: step %d is %lld, the simulator's %lld",
+                                  (int)t, (long long)I->during[t], (long long)step[t]);
+                goto fail;
+            }
+        if (full.peak != I->sc.peak || full.at_peak != I->sc.at_peak || full.step != I->sc.step) {
+            st = mf_set_error(ctx, MF_EINTERNAL, "recomputation: the score is not the simulator's");
+            goto fail;
+        }
+    }
+#endif
+    return MF_OK;
+fail:
+    iscore_free(ctx, I);
+    return st;
+}
+
+/* Maximum of during over steps [lo, hi] and how many steps reach it. */
+static void range_top(const iscore *I, int32_t lo, int32_t hi, int64_t *peak, int32_t *count)
+{
+    int32_t l = lo + I->tn, h = hi + I->tn + 1;
+    for (; l < h; l /= 2, h /= 2) {
+        if (l & 1) {
+            top(peak, count, I->tmax[l], I->tcnt[l]);
+            l++;
+        }
+        if (h & 1) {
+            h--;
+            top(peak, count, I->tmax[h], I->tcnt[h]);
+        }
+    }
+}
+
+/* Root s's storage lives at least until key (its entry made on first use). */
+static void extend(iscore *I, int32_t s, int64_t key)
+{
+    ichange *e;
+    if (I->chg_of[s] < 0) {
+        e = &I->chg[I->n_chg];
+        I->chg_of[s] = I->n_chg++;
+        e->os = e->ns = KEY_OLD(I->R.prod[s]);
+        e->oe = e->ne = KEY_OLD(I->end[s]);
+        e->bytes = I->w->bytes[s];
+        e->root = s;
+    }
+    e = &I->chg[I->chg_of[s]];
+    if (key > e->ne)
+        e->ne = key;
+}
+
+static int64_t delta_at(const iscore *I, int64_t key)
+{
+    int64_t d = 0;
+    int32_t i;
+    for (i = 0; i < I->n_chg; i++) {
+        const ichange *e = &I->chg[i];
+        d += e->bytes * ((e->ns <= key && key <= e->ne) - (e->os <= key && key <= e->oe));
+    }
+    return d;
+}
+
+/* The first old step at or after key, and the last at or before it. */
+static int32_t old_from(int64_t key)
+{
+    return (int32_t)(key >> 32) + ((key & 0xffffffff) > INT32_MAX);
+}
+
+static int32_t old_upto(int64_t key)
+{
+    return (int32_t)(key >> 32) - ((key & 0xffffffff) < INT32_MAX);
+}
+
+static int cmp_walk(const int32_t *x, const int32_t *y)
+{
+    return x[0] != y[0] ? x[0] > y[0] : x[1] > y[1];
+}
+
+/* Readers k.. of split i's root up to the next split of that root: [*lo, *hi). */
+static void segment(const mf_roots *R, const mf_split *sp, int32_t n_sp, int32_t i, int32_t *lo, int32_t *hi)
+{
+    int32_t j, r = sp[i].r;
+    *lo = sp[i].k;
+    *hi = R->rd_ptr[r + 1] - R->rd_ptr[r];
+    for (j = 0; j < n_sp; j++)
+        if (sp[j].r == r && sp[j].k > *lo && sp[j].k < *hi)
+            *hi = sp[j].k;
+}
+
+/* The score of the graph with the splits applied (NOTE [incremental scoring]); at most
+ * MF_REMAT_EXACT splits, distinct. */
+static int score_splits(mf_ctx *ctx, iscore *I, const mf_split *sp, int32_t n_sp, score *sc)
+{
+    const mf_wgraph *w = I->w;
+    const mf_roots *R = &I->R;
+    int32_t i, j, q, nw = 0, nb = 0, count = 0, copy0;
+    int64_t peak = -1;
+    int st = MF_OK;
+    I->n_ins = I->n_chg = I->n_vals = 0;
+    /* each split root's first copy: read by its readers before its first split and by view ops */
+    for (i = 0; i < n_sp; i++) {
+        int32_t r = sp[i].r, kmin = sp[i].k, last;
+        for (j = 0; j < n_sp; j++)
+            if (sp[j].r == r && sp[j].k < kmin)
+                kmin = sp[j].k;
+        last = R->rd[R->rd_ptr[r] + kmin - 1];
+        extend(I, r, -1);
+        I->chg[I->chg_of[r]].ne = KEY_OLD(last > R->last_other[r] ? last : R->last_other[r]);
+    }
+    /* each copy's storage, to the last reader of its segment (its start set below) */
+    copy0 = I->n_chg;
+    for (i = 0; i < n_sp; i++) {
+        int32_t lo, hi;
+        ichange *e = &I->chg[I->n_chg++];
+        segment(R, sp, n_sp, i, &lo, &hi);
+        e->os = INT64_MAX;
+        e->oe = -1;
+        e->ns = KEY_OLD(R->rd[R->rd_ptr[sp[i].r] + lo]);
+        e->ne = KEY_OLD(R->rd[R->rd_ptr[sp[i].r] + hi - 1]);
+        e->bytes = w->bytes[sp[i].r];
+        e->root = -1;
+        for (q = lo; q < hi; q++) {
+            I->walk[2 * nw] = R->rd[R->rd_ptr[sp[i].r] + q];
+            I->walk[2 * nw++ + 1] = i;
+        }
+    }
+    /* the copy ops, in mf_apply_splits's order: by reader, then by split */
+    for (i = 1; i < nw; i++)
+        for (j = i; j > 0 && cmp_walk(&I->walk[2 * j - 2], &I->walk[2 * j]); j--) {
+            int32_t t0 = I->walk[2 * j - 2], t1 = I->walk[2 * j - 1];
+            I->walk[2 * j - 2] = I->walk[2 * j];
+            I->walk[2 * j - 1] = I->walk[2 * j + 1];
+            I->walk[2 * j] = t0;
+            I->walk[2 * j + 1] = t1;
+        }
+    for (q = 0; q < nw; q++) {
+        int32_t op = I->walk[2 * q], sid = I->walk[2 * q + 1], r = sp[sid].r;
+        uint16_t bit = (uint16_t)(1u << sid);
+        for (j = w->in_ptr[op]; j < w->in_ptr[op + 1]; j++) {
+            int32_t x = w->in_idx[j], chain[MF_REMAT_MAX_CHAIN], nc = 0, v;
+            if (R->root[x] != r)
+                continue;
+            for (v = x; v >= 0 && !(I->copied[v] & bit) && nc < MF_REMAT_MAX_CHAIN; v = w->alias_of[v])
+                chain[nc++] = v;
+            if (nc == MF_REMAT_MAX_CHAIN) {
+                st = mf_set_error(ctx, MF_EINVAL, "recomputation: view chain too deep");
+                goto done;
+            }
+            while (nc-- > 0) {
+                int32_t y = chain[nc], p = R->prod[y], jj;
+                int64_t key = ((int64_t)op << 32) | I->n_ins;
+                I->ins[I->n_ins++] = key;
+                if (y == r)
+                    I->chg[copy0 + sid].ns = key;
+                for (jj = w->in_ptr[p]; jj < w->in_ptr[p + 1]; jj++) {
+                    int32_t u = w->in_idx[jj];
+                    if (!(I->copied[u] & bit) && !I->fixed[R->root[u]]) /* else the copy's own storage */
+                        extend(I, R->root[u], key);
+                }
+                if (!I->copied[y])
+                    I->vals[I->n_vals++] = y;
+                I->copied[y] |= bit;
+            }
+        }
+    }
+    /* runs of old steps with one difference: from the ends of the changed intervals */
+    I->bp[nb++] = 0;
+    for (i = 0; i < I->n_chg; i++) {
+        const ichange *e = &I->chg[i];
+        if (e->root >= 0) {
+            I->bp[nb++] = old_upto(e->oe) + 1;
+        }
+        I->bp[nb++] = old_from(e->ns);
+        I->bp[nb++] = old_upto(e->ne) + 1;
+    }
+    for (i = 1; i < nb; i++)
+        for (j = i; j > 0 && I->bp[j - 1] > I->bp[j]; j--) {
+            int64_t x = I->bp[j - 1];
+            I->bp[j - 1] = I->bp[j];
+            I->bp[j] = x;
+        }
+    for (i = 0; i < nb; i++) {
+        int32_t lo = (int32_t)I->bp[i], hi = i + 1 < nb ? (int32_t)I->bp[i + 1] - 1 : w->n - 1;
+        if (lo < 0)
+            lo = 0;
+        if (hi >= w->n)
+            hi = w->n - 1;
+        if (lo <= hi) {
+            int64_t m = -1;
+            int32_t c = 0;
+            range_top(I, lo, hi, &m, &c);
+            top(&peak, &count, m + delta_at(I, KEY_OLD(lo)), c);
+        }
+    }
+    for (i = 0; i < I->n_ins; i++)
+        top(&peak, &count, I->live[(I->ins[i] >> 32) - 1] + delta_at(I, I->ins[i]), 1);
+    sc->peak = peak < 0 ? 0 : peak;
+    sc->at_peak = count;
+    sc->step = -1;
+done:
+    for (i = 0; i < I->n_vals; i++)
+        I->copied[I->vals[i]] = 0;
+    for (i = 0; i < I->n_chg; i++)
+        if (I->chg[i].root >= 0)
+            I->chg_of[I->chg[i].root] = -1;
+    return st;
+}
+
+/* Scored both ways under MF_STRICT_CHECKS (NOTE [incremental scoring]). */
+static int score_checked(mf_ctx *ctx, iscore *I, const mf_split *sp, int32_t n_sp, int built, score *sc)
+{
+    int st = built ? score_built(ctx, I->w, &I->R, sp, n_sp, sc) : score_splits(ctx, I, sp, n_sp, sc);
+#ifdef MF_STRICT_CHECKS
+    score full;
+    if (st == MF_OK && !built && (st = score_built(ctx, I->w, &I->R, sp, n_sp, &full)) == MF_OK &&
+        (full.peak != sc->peak || full.at_peak != sc->at_peak))
+        st = mf_set_error(ctx, MF_EINTERNAL, "recomputation: %d splits (%d, %d) .. score (%lld, %d), built (%lld, %d)",
+                          (int)n_sp, (int)sp[0].r, (int)sp[0].k, (long long)sc->peak, (int)sc->at_peak,
+                          (long long)full.peak, (int)full.at_peak);
+#endif
+    return st;
+}
+
+/* The graph with the kept splits, and its iscore; MF_EINTERNAL when its score is not the
+ * predicted one (NOTE [incremental scoring]), *next left empty. */
+static int build_kept(mf_ctx *ctx, const iscore *I, const mf_split *sp, int32_t n_sp, const score *want,
+                      mf_wgraph *next, iscore *J)
+{
+    int st = mf_apply_splits(ctx, I->w, &I->R, sp, n_sp, next);
+    if (st)
+        return st;
+    if ((st = iscore_init(ctx, next, J)) == MF_OK && (J->sc.peak != want->peak || J->sc.at_peak != want->at_peak)) {
+        iscore_free(ctx, J);
+        st = mf_set_error(ctx, MF_EINTERNAL, "recomputation: the kept splits' score is not their graph's");
+    }
+    if (st)
+        mf_wg_free(ctx, next);
+    else
+        J->w = next;
+    return st;
+}
+
+/* ---- search ---- */
+
+static int32_t first_reader_after(const mf_roots *R, int32_t r, int32_t s)
 {
     int32_t q, m = R->rd_ptr[r + 1] - R->rd_ptr[r];
     for (q = 0; q < m; q++)
@@ -576,7 +519,7 @@ static int32_t first_reader_after(const roots *R, int32_t r, int32_t s)
     return -1;
 }
 
-static int reads_root(const wgraph *w, const roots *R, int32_t op, int32_t r)
+static int reads_root(const mf_wgraph *w, const mf_roots *R, int32_t op, int32_t r)
 {
     int32_t j;
     for (j = w->in_ptr[op]; j < w->in_ptr[op + 1]; j++)
@@ -586,84 +529,83 @@ static int reads_root(const wgraph *w, const roots *R, int32_t op, int32_t r)
 }
 
 /* Every subset of at most MF_REMAT_EXACT candidate splits (NOTE [recomputation]). */
-static int search_exact(mf_ctx *ctx, wgraph *cur, const roots *R, const split *cand, int32_t nc, int64_t budget,
+static int search_exact(mf_ctx *ctx, mf_wgraph *cur, iscore *I, const mf_split *cand, int32_t nc, int64_t budget,
                         score *best_sc, int64_t *best_bytes, int32_t *n_used)
 {
-    uint32_t mask, best_mask = 0;
-    split sel[MF_REMAT_EXACT];
-    wgraph best, t;
-    int st = MF_OK, have = 0;
-    memset(&best, 0, sizeof best);
-    for (mask = 1; mask < (1u << nc); mask++) {
-        int32_t n = 0, i;
-        int64_t bytes = 0;
-        score sc;
-        for (i = 0; i < nc; i++)
-            if (mask & (1u << i)) {
-                sel[n++] = cand[i];
-                bytes += cand[i].bytes;
+    mf_split sel[MF_REMAT_EXACT];
+    int32_t n, i;
+    int st, built = 0;
+    score start = *best_sc;
+    for (;;) {
+        uint32_t mask, best_mask = 0;
+        mf_wgraph next;
+        iscore J;
+        for (mask = 1; mask < (1u << nc); mask++) {
+            int64_t bytes = 0;
+            score sc;
+            for (n = 0, i = 0; i < nc; i++)
+                if (mask & (1u << i)) {
+                    sel[n++] = cand[i];
+                    bytes += cand[i].bytes;
+                }
+            if (bytes > budget)
+                continue;
+            if (ctx->cancel && ctx->cancel(ctx->cancel_ud))
+                return mf_set_error(ctx, MF_ECANCEL, "cancelled");
+            if ((st = score_checked(ctx, I, sel, n, built, &sc)))
+                return st;
+            if (better(&sc, bytes, best_sc, *best_bytes)) {
+                *best_sc = sc;
+                *best_bytes = bytes;
+                best_mask = mask;
             }
-        if (bytes > budget)
+        }
+        if (!best_mask)
+            return MF_OK;
+        for (n = 0, i = 0; i < nc; i++)
+            if (best_mask & (1u << i))
+                sel[n++] = cand[i];
+        st = build_kept(ctx, I, sel, n, best_sc, &next, &J);
+        if (st == MF_EINTERNAL && MF_REMAT_FALLBACK && !built) {
+            built = 1; /* NOTE [incremental scoring]: once more, the long way */
+            *best_sc = start;
+            *best_bytes = 0;
             continue;
-        if (ctx->cancel && ctx->cancel(ctx->cancel_ud)) {
-            st = mf_set_error(ctx, MF_ECANCEL, "cancelled");
-            break;
         }
-        if ((st = apply_splits(ctx, cur, R, sel, n, &t)))
-            break;
-        if ((st = score_of(ctx, &t, &sc))) {
-            wg_free(ctx, &t);
-            break;
-        }
-        if (better(&sc, bytes, best_sc, *best_bytes)) {
-            if (have)
-                wg_free(ctx, &best);
-            best = t;
-            have = 1;
-            *best_sc = sc;
-            *best_bytes = bytes;
-            best_mask = mask;
-        } else {
-            wg_free(ctx, &t);
-        }
+        if (st)
+            return st;
+        *best_sc = J.sc;
+        iscore_free(ctx, &J);
+        mf_wg_free(ctx, cur);
+        *cur = next;
+        *n_used = n;
+        return MF_OK;
     }
-    if (st == MF_OK && have) {
-        wg_free(ctx, cur);
-        *cur = best;
-        *n_used = 0;
-        for (; best_mask; best_mask &= best_mask - 1)
-            (*n_used)++;
-    } else if (have) {
-        wg_free(ctx, &best);
-    }
-    return st;
 }
 
-static int search_greedy(mf_ctx *ctx, wgraph *cur, int64_t budget, int32_t max_rounds, score *sc, int64_t *used,
-                         int32_t *n_used)
+static int search_greedy(mf_ctx *ctx, mf_wgraph *cur, iscore *I, int64_t budget, int32_t max_rounds, score *sc,
+                         int64_t *used, int32_t *n_used)
 {
     int32_t round;
-    int st = MF_OK;
+    int st = MF_OK, built = 0; /* built: score the candidates the long way */
     for (round = 0; round < max_rounds; round++) {
-        mf_arena ra = {NULL};
-        roots R;
-        wgraph best, t;
-        score best_sc = *sc;
-        int64_t best_bytes = 0;
-        int have = 0;
+        const mf_roots *R = &I->R;
+        mf_wgraph next;
+        mf_split best;
+        iscore J;
+        score best_sc = *sc, c = *sc;
         int32_t r, s = sc->step;
-        memset(&best, 0, sizeof best);
-        if (s < 0 || (st = roots_build(ctx, &ra, cur, &R))) {
-            mf_arena_release(ctx, &ra);
+        best.r = -1;
+        best.k = 0;
+        best.bytes = 0;
+        if (s < 0)
             break;
-        }
         for (r = 0; r < cur->nv && st == MF_OK; r++) {
-            int32_t k, p = R.prod[r];
-            split one;
-            score c;
-            if (!R.ok[r] || p >= s || R.last[r] <= s || reads_root(cur, &R, s, r))
+            int32_t k, p = R->prod[r];
+            mf_split one;
+            if (!R->ok[r] || p >= s || R->last[r] <= s || reads_root(cur, R, s, r))
                 continue;
-            if ((k = first_reader_after(&R, r, s)) < 1 || *used + cur->bytes[r] > budget)
+            if ((k = first_reader_after(R, r, s)) < 1 || *used + cur->bytes[r] > budget)
                 continue;
             if (ctx->cancel && ctx->cancel(ctx->cancel_ud)) {
                 st = mf_set_error(ctx, MF_ECANCEL, "cancelled");
@@ -672,33 +614,31 @@ static int search_greedy(mf_ctx *ctx, wgraph *cur, int64_t budget, int32_t max_r
             one.r = r;
             one.k = k;
             one.bytes = cur->bytes[r];
-            if ((st = apply_splits(ctx, cur, &R, &one, 1, &t)))
+            if ((st = score_checked(ctx, I, &one, 1, built, &c)))
                 break;
-            if ((st = score_of(ctx, &t, &c))) {
-                wg_free(ctx, &t);
-                break;
-            }
-            if (better(&c, one.bytes, &best_sc, have ? best_bytes : INT64_MAX) && better(&c, 0, sc, 0)) {
-                if (have)
-                    wg_free(ctx, &best);
-                best = t;
-                have = 1;
+            if (better(&c, one.bytes, &best_sc, best.r >= 0 ? best.bytes : INT64_MAX) && better(&c, 0, sc, 0)) {
+                best = one;
                 best_sc = c;
-                best_bytes = one.bytes;
-            } else {
-                wg_free(ctx, &t);
             }
         }
-        mf_arena_release(ctx, &ra);
-        if (st || !have) {
-            if (have)
-                wg_free(ctx, &best);
+        if (st || best.r < 0)
             break;
+        st = build_kept(ctx, I, &best, 1, &best_sc, &next, &J);
+        if (st == MF_EINTERNAL && MF_REMAT_FALLBACK && !built) {
+            built = 1; /* NOTE [incremental scoring]: this round again, the long way */
+            round--;
+            st = MF_OK;
+            continue;
         }
-        wg_free(ctx, cur);
-        *cur = best;
-        *sc = best_sc;
-        *used += best_bytes;
+        if (st)
+            break;
+        iscore_free(ctx, I);
+        mf_wg_free(ctx, cur);
+        *cur = next;
+        *I = J;
+        I->w = cur;
+        *sc = I->sc;
+        *used += best.bytes;
         (*n_used)++;
     }
     return st;
@@ -707,7 +647,7 @@ static int search_greedy(mf_ctx *ctx, wgraph *cur, int64_t budget, int32_t max_r
 int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, const int32_t *order,
                  const mf_remat_options *opt, mf_remat_result *out)
 {
-    wgraph cur;
+    mf_wgraph cur;
     score sc;
     int64_t used = 0, budget = opt ? opt->budget_bytes : 0;
     int32_t n_used = 0, max_rounds = opt && opt->max_rounds > 0 ? opt->max_rounds : 256;
@@ -725,25 +665,22 @@ int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, cons
         if (!valid)
             return mf_set_error(ctx, MF_EINVAL, "recompute: the order breaks a dependency");
     }
-    if ((st = wg_from_desc(ctx, g, cheap, order, &cur)))
+    if ((st = mf_wg_from_desc(ctx, g, cheap, order, &cur)))
         return st;
-    if ((st = score_of(ctx, &cur, &sc)))
+    if ((st = score_of(ctx, &cur, &sc, NULL, NULL)))
         goto fail;
     out->start_peak_bytes = sc.peak;
     if (budget > 0) {
-        mf_arena ra = {NULL};
-        roots R;
-        split cand[MF_REMAT_EXACT];
+        iscore I;
+        mf_split cand[MF_REMAT_EXACT];
         int32_t nc = 0, r, q;
         int too_many = 0;
-        if ((st = roots_build(ctx, &ra, &cur, &R))) {
-            mf_arena_release(ctx, &ra);
+        if ((st = iscore_init(ctx, &cur, &I)))
             goto fail;
-        }
         for (r = 0; r < cur.nv && !too_many; r++) {
-            if (!R.ok[r])
+            if (!I.R.ok[r])
                 continue;
-            for (q = 1; q < R.rd_ptr[r + 1] - R.rd_ptr[r]; q++) {
+            for (q = 1; q < I.R.rd_ptr[r + 1] - I.R.rd_ptr[r]; q++) {
                 if (nc == MF_REMAT_EXACT) {
                     too_many = 1;
                     break;
@@ -754,43 +691,22 @@ int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, cons
                 nc++;
             }
         }
-        if (!too_many && nc > 0) {
-            int64_t bb = 0;
-            st = search_exact(ctx, &cur, &R, cand, nc, budget, &sc, &bb, &n_used);
-            used = bb;
-            mf_arena_release(ctx, &ra);
-        } else {
-            mf_arena_release(ctx, &ra);
-            if (too_many)
-                st = search_greedy(ctx, &cur, budget, max_rounds, &sc, &used, &n_used);
-        }
+        if (too_many)
+            st = search_greedy(ctx, &cur, &I, budget, max_rounds, &sc, &used, &n_used);
+        else if (nc > 0)
+            st = search_exact(ctx, &cur, &I, cand, nc, budget, &sc, &used, &n_used);
+        iscore_free(ctx, &I);
         if (st)
             goto fail;
     }
-    out->n_ops = cur.n;
-    out->n_values = cur.nv;
-    out->n_after = cur.n_after;
-    out->in_ptr = cur.in_ptr;
-    out->in_idx = cur.in_idx;
-    out->out_ptr = cur.out_ptr;
-    out->out_idx = cur.out_idx;
-    out->after = cur.after;
-    out->value_bytes = cur.bytes;
-    out->alias_of = cur.alias_of;
-    out->is_input = cur.is_input;
-    out->is_output = cur.is_output;
-    out->fusible = cur.fusible;
-    out->comm = cur.comm;
-    out->epilogue_of = cur.epi;
-    out->origin = cur.origin;
-    out->value_origin = cur.vorigin;
+    mf_wg_result(&cur, out);
     out->n_splits = n_used;
     out->copied_bytes = used;
     out->peak_bytes = sc.peak;
     out->arena_ = cur.arena.head;
     return MF_OK;
 fail:
-    wg_free(ctx, &cur);
+    mf_wg_free(ctx, &cur);
     return st;
 }
 

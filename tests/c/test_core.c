@@ -2093,6 +2093,7 @@ static void test_large(int full)
 int mf_test_comm(int *checks); /* test_comm.c */
 int mf_test_build(int *checks); /* test_build.c */
 int mf_test_kinds(int *checks); /* test_kinds.c */
+int mf_test_remat(int *checks); /* test_remat.c */
 int test_harden(int *checks); /* test_harden.c */
 
 int main(int argc, char **argv)
@@ -2114,6 +2115,7 @@ int main(int argc, char **argv)
     test_large(full);
     g_failures += mf_test_comm(&g_checks);
     g_failures += mf_test_build(&g_checks);
+    g_failures += mf_test_remat(&g_checks);
     g_failures += test_harden(&g_checks);
     g_failures += mf_test_kinds(&g_checks);
     printf("%d checks, %d failures\n", g_checks, g_failures);
