@@ -12,6 +12,12 @@ EFF_ORDERED: int
 EFF_WRITES: int
 EFF_COMM: int
 EFF_WAIT: int
+EPI_HEAD: int
+EPI_TAIL: int
+RECORD_OP: int
+RECORD_PROLOGUE: int
+RECORD_DROP: int
+RECORD_RETURN: int
 
 class MemFuseError(RuntimeError): ...
 
@@ -53,21 +59,14 @@ def simulate(
 ) -> tuple[int, list[int], list[int]]: ...
 def plan_trace(
     bsyms: Sequence[Any],
+    records: Sequence[tuple[int, int, object, Any, int, int]],
     *,
-    tensor_type: type,
-    aliases: Any,
-    prologue_ids: Any,
-    drop_ids: Any,
-    return_ids: Any,
-    effects: Callable[[Any], int],
-    fusible: Callable[[Any], object],
+    tensor_type: type | tuple[type, ...],
     max_states: int | None = None,
     fuse: bool = True,
     freeable: Any = None,
-    epilogue_pair: Callable[[Any, Any], object] | None = None,
     comm_overlap: bool = True,
     recompute: int = 0,
-    recomputable: Callable[[Any], object] | None = None,
 ) -> dict[str, Any]: ...
 def _validate_max_states(max_states: int | None, /) -> int | None: ...
 
