@@ -111,6 +111,46 @@ def test_copies_are_the_best_copy_set_on_small_graphs(seed):
         assert len(rc["origin"]) > len(ops)
 
 
+def test_a_chain_is_recomputed_whole_where_one_link_cannot_help():
+    """csrc/core/mf_remat.c NOTE [chain splits]: c = g(b), b = f(m) are cheap; c is read before the
+    peak and after it, b only by c.  Copying c alone keeps b alive across the peak instead, which
+    gains nothing; copying b and c together (m stays alive anyway) frees both.  Twelve small
+    candidates make the search greedy, where chains are offered."""
+    ops = [([0], [1]),          # op 0: m (not cheap), read again at the end
+           ([1], [2]),          # op 1: b = f(m)
+           ([2], [3]),          # op 2: c = g(b)
+           ([3], [4])]          # op 3: e, an early reader of c
+    vb = [1, 10, 10, 10, 1]
+    cheap = [False, True, True, False]
+    small = []
+    for _ in range(12):         # small cheap values with two readers each: candidates, no gain
+        p = len(vb)
+        ops.append(([0], [p]))
+        vb.append(1)
+        cheap.append(True)
+        ops.append(([p], [p + 1]))
+        vb.append(1)
+        cheap.append(False)
+        small += [p, p + 1]
+    big = len(vb)
+    ops.append(([4], [big]))            # the peak: a big value made from e
+    vb.append(50)
+    ops.append(([big], [big + 1]))
+    vb.append(1)
+    ops.append(([3, big + 1, 1], [big + 2]))  # the late reader of c (and of m)
+    vb.append(1)
+    ops.append((small, [big + 3]))
+    vb.append(1)
+    cheap += [False] * 4
+    kw = dict(graph_inputs=[0], graph_outputs=[big + 2, big + 3], fuse=False)
+    base = _C.plan(ops, vb, **kw)
+    got = _C.plan(ops, vb, recompute=1000, cheap=cheap, **kw)
+    assert got["peak_bytes"] <= base["peak_bytes"] - 10, (base["peak_bytes"], got["peak_bytes"])
+    origin = got["recompute"]["origin"]
+    assert origin.count(1) == 2 and origin.count(2) == 2  # b and c both run twice
+    assert origin.count(0) == 1  # the matmul-like op never
+
+
 def test_recompute_is_off_without_a_budget_or_cheap_ops():
     ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([1, 4], [5])]
     vb = [4, 8, 4, 16, 1, 4]

@@ -238,10 +238,13 @@ typedef struct mf_wgraph {
     mf_arena arena;
 } mf_wgraph;
 
-/* One split of storage root r at its k-th reader. */
+/* One split of storage root r at its k-th reader; chain (n_chain roots, NULL when none) are
+ * roots the copy recomputes along with r (mf_remat.c NOTE [chain splits]). */
 typedef struct mf_split {
     int32_t r, k;
     int64_t bytes;
+    const int32_t *chain;
+    int32_t n_chain;
 } mf_split;
 
 /* Per storage root: its producer and its readers (not views of it), in order. */
@@ -250,6 +253,7 @@ typedef struct mf_roots {
     int32_t *root;        /* nv: alias root */
     int32_t *rd_ptr, *rd; /* nv + 1 CSR over roots: reading ops, ascending */
     uint8_t *ok;          /* nv: eligible root */
+    uint8_t *cp;          /* nv: may be copied along a chain (eligible but for the two readers) */
     int32_t *last;        /* nv: last op reading the root's storage (any alias, views too), -1 */
     int32_t *last_other;  /* nv: last op reading it that is not in rd (an op making a view), -1 */
 } mf_roots;

@@ -30,9 +30,10 @@
  *    live across s and not read by s offers one split, at its first reader
  *    after s (the only split that frees it across s); the best is kept while
  *    it lowers (peak, steps at the peak).  A copy is an op like any other,
- *    so later rounds may split the values it reads: chains are recomputed a
- *    link at a time.  Each round's candidates are scored without building
- *    their graphs (NOTE [incremental scoring]); only the kept one is built.
+ *    so later rounds may split the values it reads; each candidate is also
+ *    offered with its chain (NOTE [chain splits]).  Each round's candidates
+ *    are scored without building their graphs (NOTE [incremental scoring]);
+ *    only the kept one is built.
  * The budget bounds the bytes the copies write (views count nothing), the
  * stand-in for their work.  The result is the graph with the copies, its ops
  * renumbered so that the searched order is 0..n-1; the caller plans it again
@@ -477,7 +478,11 @@ done:
 /* Scored both ways under MF_STRICT_CHECKS (NOTE [incremental scoring]). */
 static int score_checked(mf_ctx *ctx, iscore *I, const mf_split *sp, int32_t n_sp, int built, score *sc)
 {
-    int st = built ? score_built(ctx, I->w, &I->R, sp, n_sp, sc) : score_splits(ctx, I, sp, n_sp, sc);
+    int32_t i;
+    int st;
+    for (i = 0; i < n_sp; i++) /* NOTE [chain splits] are scored the long way */
+        built |= sp[i].n_chain > 0;
+    st = built ? score_built(ctx, I->w, &I->R, sp, n_sp, sc) : score_splits(ctx, I, sp, n_sp, sc);
 #ifdef MF_STRICT_CHECKS
     score full;
     if (st == MF_OK && !built && (st = score_built(ctx, I->w, &I->R, sp, n_sp, &full)) == MF_OK &&
@@ -583,10 +588,41 @@ static int search_exact(mf_ctx *ctx, mf_wgraph *cur, iscore *I, const mf_split *
     }
 }
 
+/* NOTE [chain splits]  A copy of r keeps the inputs of r's producer alive up
+ * to the copy.  Where such an input is itself made by a cheap op and would
+ * otherwise die before the copy, extending it only moves the cost, so one
+ * link alone often gains nothing where the whole chain does.  Each greedy
+ * candidate is offered alone and, where that gains nothing, with its chain
+ * (chain_of: those inputs, transitively, up to MF_REMAT_CHAIN roots,
+ * recomputed before r from what stays alive anyway).  A chain candidate is
+ * scored the long way (its graph built and simulated), the others
+ * incrementally. */
+#define MF_REMAT_CHAIN 32
+
+static int32_t chain_of(const mf_wgraph *w, const mf_roots *R, int32_t r, int32_t at, int32_t *chain)
+{
+    int32_t n = 0, q = 0, y = r;
+    for (;;) {
+        int32_t p = R->prod[y], j, c;
+        for (j = p >= 0 ? w->in_ptr[p] : 0; p >= 0 && j < w->in_ptr[p + 1] && n < MF_REMAT_CHAIN; j++) {
+            int32_t u = R->root[w->in_idx[j]], dup = u == r;
+            if (!R->cp[u] || R->last[u] >= at)
+                continue;
+            for (c = 0; c < n; c++)
+                dup |= chain[c] == u;
+            if (!dup)
+                chain[n++] = u;
+        }
+        if (q == n)
+            return n;
+        y = chain[q++];
+    }
+}
+
 static int search_greedy(mf_ctx *ctx, mf_wgraph *cur, iscore *I, int64_t budget, int32_t max_rounds, score *sc,
                          int64_t *used, int32_t *n_used)
 {
-    int32_t round;
+    int32_t round, chain[MF_REMAT_CHAIN], best_chain[MF_REMAT_CHAIN];
     int st = MF_OK, built = 0; /* built: score the candidates the long way */
     for (round = 0; round < max_rounds; round++) {
         const mf_roots *R = &I->R;
@@ -598,27 +634,45 @@ static int search_greedy(mf_ctx *ctx, mf_wgraph *cur, iscore *I, int64_t budget,
         best.r = -1;
         best.k = 0;
         best.bytes = 0;
+        best.chain = NULL;
+        best.n_chain = 0;
         if (s < 0)
             break;
         for (r = 0; r < cur->nv && st == MF_OK; r++) {
-            int32_t k, p = R->prod[r];
-            mf_split one;
+            int32_t k, p = R->prod[r], n_ch, variant, q;
+            int alone_gains;
             if (!R->ok[r] || p >= s || R->last[r] <= s || reads_root(cur, R, s, r))
                 continue;
-            if ((k = first_reader_after(R, r, s)) < 1 || *used + cur->bytes[r] > budget)
+            if ((k = first_reader_after(R, r, s)) < 1)
                 continue;
-            if (ctx->cancel && ctx->cancel(ctx->cancel_ud)) {
-                st = mf_set_error(ctx, MF_ECANCEL, "cancelled");
-                break;
-            }
-            one.r = r;
-            one.k = k;
-            one.bytes = cur->bytes[r];
-            if ((st = score_checked(ctx, I, &one, 1, built, &c)))
-                break;
-            if (better(&c, one.bytes, &best_sc, best.r >= 0 ? best.bytes : INT64_MAX) && better(&c, 0, sc, 0)) {
-                best = one;
-                best_sc = c;
+            n_ch = chain_of(cur, R, r, R->rd[R->rd_ptr[r] + k], chain);
+            /* the split alone, and with its chain (NOTE [chain splits]) */
+            for (variant = 0, alone_gains = 0; variant < (n_ch ? 2 : 1) && st == MF_OK && !alone_gains; variant++) {
+                mf_split one;
+                one.r = r;
+                one.k = k;
+                one.bytes = cur->bytes[r];
+                one.chain = variant ? chain : NULL;
+                one.n_chain = variant ? n_ch : 0;
+                for (q = 0; q < one.n_chain; q++)
+                    one.bytes += cur->bytes[chain[q]];
+                if (*used + one.bytes > budget)
+                    continue;
+                if (ctx->cancel && ctx->cancel(ctx->cancel_ud)) {
+                    st = mf_set_error(ctx, MF_ECANCEL, "cancelled");
+                    break;
+                }
+                if ((st = score_checked(ctx, I, &one, 1, built, &c)))
+                    break;
+                alone_gains = better(&c, 0, sc, 0); /* then its chain is not tried: it costs more to score */
+                if (better(&c, one.bytes, &best_sc, best.r >= 0 ? best.bytes : INT64_MAX) && better(&c, 0, sc, 0)) {
+                    best = one;
+                    best_sc = c;
+                    if (one.n_chain) { /* chain is scratch: keep the best's own copy */
+                        memcpy(best_chain, chain, sizeof(int32_t) * (size_t)one.n_chain);
+                        best.chain = best_chain;
+                    }
+                }
             }
         }
         if (st || best.r < 0)
@@ -688,6 +742,8 @@ int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, cons
                 cand[nc].r = r;
                 cand[nc].k = q;
                 cand[nc].bytes = cur.bytes[r];
+                cand[nc].chain = NULL;
+                cand[nc].n_chain = 0;
                 nc++;
             }
         }

@@ -31,10 +31,11 @@ int mf_roots_build(mf_ctx *ctx, mf_arena *a, const mf_wgraph *w, mf_roots *R)
     R->root = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
     R->rd_ptr = mf_arena_array(ctx, a, (size_t)w->nv + 2, sizeof(int32_t));
     R->ok = mf_arena_array(ctx, a, (size_t)w->nv + 1, 1);
+    R->cp = mf_arena_array(ctx, a, (size_t)w->nv + 1, 1);
     R->last = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
     R->last_other = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
     cnt = mf_arena_array(ctx, a, (size_t)w->nv + 1, sizeof(int32_t));
-    if (!R->prod || !R->root || !R->rd_ptr || !R->ok || !R->last || !R->last_other || !cnt)
+    if (!R->prod || !R->root || !R->rd_ptr || !R->ok || !R->cp || !R->last || !R->last_other || !cnt)
         return MF_ENOMEM;
     for (v = 0; v < w->nv; v++) {
         R->prod[v] = -1;
@@ -99,6 +100,7 @@ int mf_roots_build(mf_ctx *ctx, mf_arena *a, const mf_wgraph *w, mf_roots *R)
                 R->rd[R->rd_ptr[r] + cnt[r]++] = k;
         }
     }
+    memcpy(R->cp, R->ok, (size_t)w->nv);
     for (v = 0; v < w->nv; v++)
         if (R->rd_ptr[v + 1] - R->rd_ptr[v] < 2)
             R->ok[v] = 0;
@@ -212,6 +214,78 @@ static int b_op(mf_ctx *ctx, builder *b, const mf_wgraph *src, int32_t k, const 
     return MF_OK;
 }
 
+/* What mf_apply_splits shares with copy_value. */
+typedef struct applier {
+    mf_ctx *ctx;
+    mf_arena *tmp;
+    builder *b;
+    const mf_wgraph *src;
+    const mf_roots *R;
+    const mf_split *sp;
+    int32_t *map;     /* src value -> the value a copied op reads instead (-1: itself) */
+    int32_t *copy_of; /* copy_of[i * nv + v]: split i's copy of v, or -1 */
+    int32_t *cp_src, *cp_new, n_copies, cap_cp;
+} applier;
+
+static int in_chain(const mf_split *s, int32_t root)
+{
+    int32_t c;
+    if (root == s->r)
+        return 1;
+    for (c = 0; c < s->n_chain; c++)
+        if (s->chain[c] == root)
+            return 1;
+    return 0;
+}
+
+/* Split i's copy of value x exists: the alias chain root .. x not copied yet is copied, and
+ * before each copied op whatever of its inputs the split recomputes too (mf_remat.c NOTE
+ * [chain splits]). */
+static int copy_value(applier *A, int32_t i, int32_t x, int depth)
+{
+    const mf_wgraph *src = A->src;
+    const mf_roots *R = A->R;
+    size_t base = (size_t)i * (size_t)src->nv;
+    int32_t chain[MF_REMAT_MAX_CHAIN], nc = 0, c, v;
+    int st;
+    if (depth > MF_REMAT_MAX_CHAIN)
+        return mf_set_error(A->ctx, MF_EINVAL, "recomputation: chain too deep");
+    for (v = x; v >= 0 && A->copy_of[base + (size_t)v] < 0 && nc < MF_REMAT_MAX_CHAIN; v = src->alias_of[v])
+        chain[nc++] = v;
+    if (nc == MF_REMAT_MAX_CHAIN)
+        return mf_set_error(A->ctx, MF_EINVAL, "recomputation: view chain too deep");
+    for (c = nc - 1; c >= 0; c--) {
+        int32_t y = chain[c], p = R->prod[y], o, jj, nv0, outs[1];
+        for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++) {
+            int32_t u = src->in_idx[jj];
+            if (R->root[u] != R->root[y] && A->copy_of[base + (size_t)u] < 0 && in_chain(&A->sp[i], R->root[u]) &&
+                (st = copy_value(A, i, u, depth + 1)))
+                return st;
+        }
+        /* the copy's inputs: this split's copies where they exist */
+        for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++)
+            A->map[src->in_idx[jj]] = A->copy_of[base + (size_t)src->in_idx[jj]];
+        nv0 = src->alias_of[y] >= 0 ? A->copy_of[base + (size_t)src->alias_of[y]] : -1;
+        if ((o = b_value(A->ctx, A->b, src, y, nv0)) < 0)
+            return MF_ENOMEM;
+        outs[0] = o;
+        if (A->n_copies == A->cap_cp) {
+            int32_t c1 = A->cap_cp;
+            if ((st = grow(A->ctx, A->tmp, (void **)&A->cp_src, &c1, A->cap_cp + 1, sizeof(int32_t))) ||
+                (st = grow(A->ctx, A->tmp, (void **)&A->cp_new, &A->cap_cp, A->cap_cp + 1, sizeof(int32_t))))
+                return st;
+        }
+        A->cp_src[A->n_copies] = p;
+        A->cp_new[A->n_copies++] = A->b->n;
+        if ((st = b_op(A->ctx, A->b, src, p, A->map, outs, 1)))
+            return st;
+        for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++)
+            A->map[src->in_idx[jj]] = -1;
+        A->copy_of[base + (size_t)y] = o;
+    }
+    return MF_OK;
+}
+
 /* The graph src with the splits applied (each split's copy runs right before the reader
  * that starts its segment).  out is a fresh mf_wgraph. */
 int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const mf_split *sp, int32_t n_sp,
@@ -219,12 +293,14 @@ int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const 
 {
     mf_arena tmp = {NULL};
     builder b;
-    int32_t *seg_of, *newid, *map, *copy_of, *cp_src = NULL, *cp_new = NULL, n_copies = 0, cap_cp = 0;
+    applier A;
+    int32_t *seg_of, *newid, *map, *copy_of;
     int32_t k, i, j, v, q;
     int st = MF_OK;
 
     memset(out, 0, sizeof *out);
     memset(&b, 0, sizeof b);
+    memset(&A, 0, sizeof A);
     b.w = out;
     /* seg_of[op * n_sp + i] >= 0: op reads split i's copy (it is in that split's segment) */
     seg_of = mf_arena_array(ctx, &tmp, (size_t)src->n * (size_t)(n_sp ? n_sp : 1) + 1, sizeof(int32_t));
@@ -236,6 +312,14 @@ int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const 
         st = MF_ENOMEM;
         goto done;
     }
+    A.ctx = ctx;
+    A.tmp = &tmp;
+    A.b = &b;
+    A.src = src;
+    A.R = R;
+    A.sp = sp;
+    A.map = map;
+    A.copy_of = copy_of;
     for (i = 0; i < src->n * (n_sp ? n_sp : 1); i++)
         seg_of[i] = -1;
     for (i = 0; i < n_sp * src->nv; i++)
@@ -264,49 +348,9 @@ int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const 
         for (i = 0; i < n_sp; i++) {
             if (seg_of[(size_t)k * (size_t)n_sp + (size_t)i] < 0)
                 continue;
-            for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++) {
-                int32_t x = src->in_idx[j], chain[MF_REMAT_MAX_CHAIN], nc = 0, c;
-                if (R->root[x] != sp[i].r)
-                    continue;
-                /* copy the alias chain root .. x that split i has not copied yet */
-                for (v = x; v >= 0 && copy_of[(size_t)i * (size_t)src->nv + (size_t)v] < 0 &&
-                            nc < MF_REMAT_MAX_CHAIN;
-                     v = src->alias_of[v])
-                    chain[nc++] = v;
-                if (nc == MF_REMAT_MAX_CHAIN) {
-                    st = mf_set_error(ctx, MF_EINVAL, "recomputation: view chain too deep");
+            for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++)
+                if (R->root[src->in_idx[j]] == sp[i].r && (st = copy_value(&A, i, src->in_idx[j], 0)))
                     goto done;
-                }
-                for (c = nc - 1; c >= 0; c--) {
-                    int32_t y = chain[c], p = R->prod[y], o, jj, nv0;
-                    int32_t outs[1];
-                    /* the copy's inputs: earlier copies of this split where they exist */
-                    for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++) {
-                        int32_t u = src->in_idx[jj];
-                        map[u] = copy_of[(size_t)i * (size_t)src->nv + (size_t)u];
-                    }
-                    nv0 = src->alias_of[y] >= 0 ? copy_of[(size_t)i * (size_t)src->nv + (size_t)src->alias_of[y]]
-                                                : -1;
-                    if ((o = b_value(ctx, &b, src, y, nv0)) < 0) {
-                        st = MF_ENOMEM;
-                        goto done;
-                    }
-                    outs[0] = o;
-                    if (n_copies == cap_cp) {
-                        int32_t c1 = cap_cp;
-                        if ((st = grow(ctx, &tmp, (void **)&cp_src, &c1, cap_cp + 1, sizeof(int32_t))) ||
-                            (st = grow(ctx, &tmp, (void **)&cp_new, &cap_cp, cap_cp + 1, sizeof(int32_t))))
-                            goto done;
-                    }
-                    cp_src[n_copies] = p;
-                    cp_new[n_copies++] = b.n;
-                    if ((st = b_op(ctx, &b, src, p, map, outs, 1)))
-                        goto done;
-                    for (jj = src->in_ptr[p]; jj < src->in_ptr[p + 1]; jj++)
-                        map[src->in_idx[jj]] = -1;
-                    copy_of[(size_t)i * (size_t)src->nv + (size_t)y] = o;
-                }
-            }
         }
         /* op k itself, reading the copies of its segments */
         for (j = src->in_ptr[k]; j < src->in_ptr[k + 1]; j++) {
@@ -333,14 +377,14 @@ int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const 
     }
     /* a copy keeps its original's incoming ordering edges (the virtual op making a backward's
      * saved tensors comes first, say); the original's predecessors all run before it */
-    for (q = 0; q < n_copies; q++)
+    for (q = 0; q < A.n_copies; q++)
         for (i = 0; i < src->n_after; i++)
-            if (src->after[2 * i + 1] == cp_src[q]) {
+            if (src->after[2 * i + 1] == A.cp_src[q]) {
                 if ((st = grow(ctx, &out->arena, (void **)&out->after, &b.cap_after, 2 * b.n_after + 2,
                                sizeof(int32_t))))
                     goto done;
                 out->after[2 * b.n_after] = newid[src->after[2 * i]];
-                out->after[2 * b.n_after + 1] = cp_new[q];
+                out->after[2 * b.n_after + 1] = A.cp_new[q];
                 b.n_after++;
             }
     for (k = 0; k < src->n; k++)
