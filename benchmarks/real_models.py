@@ -1,0 +1,297 @@
+"""Real Hugging Face and LitGPT architectures, one training step each, with and without memfuse (CPU).
+
+    python benchmarks/real_models.py [--only gpt2,llama] [--modes thunder,memfuse] [--configs plain,ckpt]
+                                     [--seq 64] [--batch 2] [--compare]
+
+Models are built from configs (no weights): transformers GPT2LMHeadModel, LlamaForCausalLM,
+MistralForCausalLM, Qwen2ForCausalLM (loss computed inside the model from labels), gpt2 with dropout on
+(random ops), and litgpt.GPT for a Pythia-style and a Llama-3-style Config (loss in a wrapper module,
+so it is inside the jitted function).  Tiny sizes: 2 layers, hidden 128, vocab 1000, fp32.
+
+Configs: plain, ckpt (activation checkpointing: HF gradient_checkpointing_enable(use_reentrant=False);
+litgpt: torch.utils.checkpoint around each block).
+Modes: eager; thunder = thunder.jit(m); memfuse = thunder.jit(m, transforms=[memfuse]);
+tc = thunder.jit(m, executors=["torchcompile"]); tc+memfuse = the same with transforms=[memfuse].
+
+Per row: status (ok / MemFuseWarning / exception / mismatch), max |grad diff| relative to the grad's
+max (and loss diff) against Thunder with the same executors (thunder for eager, memfuse;
+tc for tc+memfuse; dropout rows compare under one seed), the measured peak of the second step
+(torch.profiler allocations above what is live at the call) and, for memfuse rows, the peak of the
+same jit without memfuse beside it.  Skips cleanly without transformers / litgpt.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+MIB = float(1 << 20)
+MODES = ("eager", "thunder", "memfuse", "tc", "tc+memfuse")
+BASE = {"thunder": "eager", "memfuse": "thunder", "tc": "eager", "tc+memfuse": "tc"}
+RTOL = {"thunder": 1e-4, "memfuse": 1e-5, "tc": 1e-3, "tc+memfuse": 1e-3}
+
+
+# ---------------------------------------------------------------- models
+def _hf(kind, ckpt, vocab, dropout=False):
+    import transformers as T
+    common = dict(vocab_size=vocab, use_cache=False, tie_word_embeddings=False)
+    if kind == "gpt2":
+        p = 0.1 if dropout else 0.0
+        cfg = T.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128, resid_pdrop=p, embd_pdrop=p,
+                           attn_pdrop=p, **common)
+        m = T.GPT2LMHeadModel(cfg)
+    else:
+        cls = {"llama": (T.LlamaConfig, T.LlamaForCausalLM), "mistral": (T.MistralConfig, T.MistralForCausalLM),
+               "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM)}[kind]
+        cfg = cls[0](hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=128, **common)
+        m = cls[1](cfg)
+    m.train()  # HF checkpointing only runs in training mode; dropout is 0 unless asked for
+    if ckpt:
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    class HFStep(torch.nn.Module):  # loss inside the jitted function (HF's own loss from labels)
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, idx, tgt):
+            return self.m(input_ids=idx, labels=tgt).loss
+
+    return HFStep(m)
+
+
+class _Ckpt(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args):
+        return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False)
+
+
+def _litgpt(name, ckpt, vocab, **over):
+    from litgpt import GPT, Config
+    cfg = Config.from_name(name, n_layer=2, n_embd=128, n_head=4, padded_vocab_size=vocab, vocab_size=vocab,
+                           block_size=128, **over)
+    m = GPT(cfg)
+    if ckpt:
+        m.transformer.h = torch.nn.ModuleList(_Ckpt(b) for b in m.transformer.h)
+
+    class LitStep(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, idx, tgt):
+            logits = self.m(idx)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
+
+    return LitStep(m)
+
+
+MODELS = {
+    "gpt2": ("transformers", lambda c, v: _hf("gpt2", c, v)),
+    "gpt2-dropout": ("transformers", lambda c, v: _hf("gpt2", c, v, dropout=True)),
+    "llama": ("transformers", lambda c, v: _hf("llama", c, v)),
+    "mistral": ("transformers", lambda c, v: _hf("mistral", c, v)),
+    "qwen2": ("transformers", lambda c, v: _hf("qwen2", c, v)),
+    "litgpt-pythia": ("litgpt", lambda c, v: _litgpt("pythia-14m", c, v)),
+    "litgpt-llama3": ("litgpt", lambda c, v: _litgpt("Llama-3.2-1B", c, v, n_query_groups=2,
+                                                      intermediate_size=256)),
+}
+
+
+# ---------------------------------------------------------------- running
+_SDPA_MASK = []
+
+
+def _hf_executors():
+    """transformers >= 4.55 builds its causal mask with vmap, which thunder.jit cannot trace: Thunder's
+    HF recipe (thunder.recipes.hf_transformers.SDPAMaskTransform) brings an executor whose lookaside
+    runs it as one opaque op.  [] for other versions."""
+    import transformers
+    from looseversion import LooseVersion
+    if LooseVersion(transformers.__version__) < LooseVersion("4.55"):
+        return []
+    if not _SDPA_MASK:
+        from thunder.recipes.hf_transformers import SDPAMaskTransform
+        _SDPA_MASK.append(SDPAMaskTransform().get_executor())
+    return _SDPA_MASK[:]
+
+
+def _jit(model, mode, pkg):
+    if mode == "eager":
+        return model
+    import thunder
+    from thunder_memfuse import memfuse
+    extra = _hf_executors() if pkg == "transformers" else []
+    kw = {"executors": extra + (["torchcompile"] if mode.startswith("tc") else list(thunder.get_default_executors()))}
+    if mode.endswith("memfuse"):
+        kw["transforms"] = [memfuse]
+    return thunder.jit(model, **kw)
+
+
+class _LogCatcher(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.msgs = []
+
+    def emit(self, rec):
+        self.msgs.append(rec.getMessage())
+
+
+def run_one(name, ckpt, mode, batch, seq, vocab, do_compare=False):
+    """{status, loss, grads, peak, first_s, warnings, logs, error}: one compile + two measured-free steps."""
+    from thunder_memfuse import MemFuseWarning
+    from thunder_memfuse.measure import cpu_peak_bytes
+    torch.manual_seed(0)
+    model = MODELS[name][1](ckpt, vocab)
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, vocab, (batch, seq), generator=g)
+    tgt = torch.randint(0, vocab, (batch, seq), generator=g)
+    params = [p for p in model.parameters() if p.requires_grad]
+    res = {"warnings": [], "logs": [], "error": None, "peak": None, "loss": None, "grads": None, "cmp": None}
+    log = _LogCatcher()
+    logging.getLogger("thunder_memfuse").addHandler(log)
+
+    def step():
+        for p in params:
+            p.grad = None
+        torch.manual_seed(1234)  # the same dropout masks where the RNG is drawn in the same order
+        loss = jm(idx, tgt)
+        loss.backward()
+        return loss.detach()
+
+    try:
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            jm = _jit(model, mode, MODELS[name][0])
+            step()
+            res["first_s"] = time.perf_counter() - t0
+            peak, loss = cpu_peak_bytes(step)
+            res.update(peak=peak, loss=loss.item(), grads=[p.grad.clone() for p in params])
+            if do_compare and mode.endswith("memfuse"):
+                from thunder_memfuse.measure import compare
+                for p in params:
+                    p.grad = None
+                res["cmp"] = compare(jm, idx, tgt).summary()
+        res["warnings"] = [f"{w.category.__name__}: {w.message}" for w in ws if issubclass(w.category, MemFuseWarning)]
+    except Exception as e:  # noqa: BLE001 - a row per failure
+        res["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        res["tb"] = traceback.format_exc()
+    finally:
+        logging.getLogger("thunder_memfuse").removeHandler(log)
+    res["logs"] = log.msgs
+    return res
+
+
+def _diff(a, b):
+    """(loss rel diff, max over params of max|ga-gb| / max|gb|)."""
+    if a["grads"] is None or b is None or b["grads"] is None:
+        return None, None
+    ld = abs(a["loss"] - b["loss"]) / max(abs(b["loss"]), 1e-12)
+    gd = max(((x - y).abs().max() / y.abs().max().clamp_min(1e-12)).item() for x, y in zip(a["grads"], b["grads"]))
+    return ld, gd
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=",".join(MODELS))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--configs", default="plain,ckpt")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--compare", action="store_true", help="also print measure.compare() for memfuse rows")
+    ap.add_argument("--traceback", action="store_true")
+    a = ap.parse_args(argv)
+    modes = a.modes.split(",")
+    for m in modes:  # a memfuse row needs its baseline
+        for need in (BASE.get(m),):
+            if need and need not in modes:
+                modes.insert(modes.index(m), need)
+    names = []
+    for n in a.only.split(","):
+        pkg = MODELS[n][0]
+        try:
+            __import__(pkg)
+        except Exception as e:  # noqa: BLE001
+            print(f"skip {n}: {pkg} not importable ({type(e).__name__}: {e})")
+            continue
+        names.append(n)
+    if not names:
+        print("nothing to run: install transformers and/or litgpt")
+        return 0
+    import thunder
+    vers = [f"torch {torch.__version__}", f"thunder {thunder.__version__}"]
+    for pkg in ("transformers", "litgpt"):
+        try:
+            from importlib.metadata import version
+            vers.append(f"{pkg} {version(pkg)}")
+        except Exception:  # noqa: BLE001
+            pass
+    print(", ".join(vers), f"| batch {a.batch}, seq {a.seq}, vocab {a.vocab}, fp32 CPU")
+    hdr = f"{'model':14} {'config':5} {'mode':11} {'status':10} {'loss d':>8} {'grad d':>8} {'peak MiB':>9} {'w/o MiB':>8} {'first s':>7}"
+    print(hdr + "\n" + "-" * len(hdr), flush=True)
+    failures, rows = [], []
+    for n in names:
+        for cfg in a.configs.split(","):
+            got = {}
+            for mode in modes:
+                r = got[mode] = run_one(n, cfg == "ckpt", mode, a.batch, a.seq, a.vocab, a.compare)
+                base = got.get(BASE.get(mode))
+                if base is not None and base["grads"] is None:  # baseline failed: against eager instead
+                    base = got.get("eager")
+                ld, gd = _diff(r, base)
+                status = "ok"
+                if r["error"]:
+                    status = "EXC"
+                elif r["warnings"]:
+                    status = "MFWARN"
+                elif gd is not None and (gd > RTOL[mode] or ld > RTOL[mode]) and n != "gpt2-dropout":
+                    status = "MISMATCH"
+                elif gd is not None and (gd > RTOL[mode] or ld > RTOL[mode]):
+                    status = "rng-diff"
+                without = got.get(BASE.get(mode)) if mode.endswith("memfuse") else None
+                wo = without["peak"] / MIB if without and without["peak"] is not None else None
+                pk = r["peak"] / MIB if r["peak"] is not None else None
+                above = pk is not None and wo is not None and pk > wo * 1.001
+                f = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
+                print(f"{n:14} {cfg:5} {mode:11} {status + ('↑' if above else ''):10} {f(ld, '8.1e'):>8} {f(gd, '8.1e'):>8} "
+                      f"{f(pk, '9.2f'):>9} {f(wo, '8.2f'):>8} {f(r.get('first_s'), '7.1f'):>7}", flush=True)
+                rows.append((n, cfg, mode, status, ld, gd, pk, wo))
+                if status not in ("ok", "rng-diff") or r["logs"]:
+                    failures.append((n, cfg, mode, status, r, ld, gd))
+                if r["cmp"]:
+                    print("    compare: " + r["cmp"].replace("\n", "\n    "))
+    if failures:
+        print("\nfailures / warnings:")
+        for n, cfg, mode, status, r, ld, gd in failures:
+            print(f"- {n} {cfg} {mode}: {status}")
+            for w in r["warnings"]:
+                print(f"    warning: {w}")
+            for m in r["logs"]:
+                print(f"    log: {m}")
+            if r["error"]:
+                print(f"    error: {r['error']}")
+                if a.traceback:
+                    print("    " + r["tb"].replace("\n", "\n    "))
+            if status == "MISMATCH":
+                print(f"    loss rel diff {ld:.2e}, grad rel diff {gd:.2e} (tolerance {RTOL[mode]:g})")
+    up = [r for r in rows if r[6] is not None and r[7] is not None and r[6] > r[7] * 1.001]
+    print(f"\nmemfuse above the same jit without it: {len(up)} of "
+          f"{sum(1 for r in rows if r[2].endswith('memfuse'))} rows" + ("" if not up else ": " + ", ".join(
+              f"{r[0]}/{r[1]}/{r[2]} {r[6]:.2f} vs {r[7]:.2f} MiB" for r in up)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
