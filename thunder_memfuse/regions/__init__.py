@@ -1,7 +1,7 @@
 """Region compilers: what builds the callable of a region memfuse forms.
 
 One module per compiler, each a RegionCompiler (regions/base.py: name, compiles_regions,
-available(cuda), fusible(bsym), epilogue_pair(gemm, act), region_of_one(bsym), accepts(args),
+available(cuda), fusible(bsym), epilogue_role(bsym), epilogue_pair(gemm, act), region_of_one(bsym), accepts(args),
 build(group)); compiler(name) returns it:
 
     nvrtc         memfuse's own CUDA kernels (NVRTC elementwise kernels, cuBLAS / cuBLASLt GEMMs)

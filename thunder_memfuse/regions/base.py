@@ -2,7 +2,7 @@
 
 A region compiler is a module of this package (nvrtc, torchcompile, nvfuser, fallback) that
 satisfies RegionCompiler: regions.compiler(name) returns it.  transform.py and executor.py only
-ask it questions (compiles_regions, available, fusible, epilogue_pair, region_of_one, accepts,
+ask it questions (compiles_regions, available, fusible, epilogue_role, region_of_one, accepts,
 build); neither knows a compiler by name.
 
 A Group is what build() gets: one planned group of bound symbols with its name, its inputs and
