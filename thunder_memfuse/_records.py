@@ -31,16 +31,24 @@ def records(bsyms, *, fusible, epilogue_role, recompute: bool) -> list:
     seen_op = False
     for b in bsyms:
         sid = b.sym.id
-        if sid in _thunder.DROP_IDS:
+        if _member(sid, _thunder.DROP_IDS):
             out.append((_C.RECORD_DROP, 0, 0, None, 0, 0))
-        elif sid in _thunder.RETURN_IDS:
+        elif _member(sid, _thunder.RETURN_IDS):
             out.append((_C.RECORD_RETURN, 0, 0, None, 0, 0))
-        elif not seen_op and sid in _thunder.PROLOGUE_IDS:
+        elif not seen_op and _member(sid, _thunder.PROLOGUE_IDS):
             out.append((_C.RECORD_PROLOGUE, 0, 0, None, 0, 0))
         else:
             seen_op = True
             out.append(_op_record(b, fusible, epilogue_role, recompute, aliases, cheap_op))
     return out
+
+
+def _member(sid, ids) -> bool:
+    """sid in ids, where an unhashable id (a symbol some extension made) is in none of them."""
+    try:
+        return sid in ids
+    except TypeError:
+        return False
 
 
 def _op_record(b, fusible, epilogue_role, recompute, aliases, cheap_op):
