@@ -938,7 +938,9 @@ def test_fusible_bsym_warns_on_an_unforeseen_error(monkeypatch):
 
     monkeypatch.setattr(lowering, "_lower", boom)
     monkeypatch.setattr(lowering, "_per_op", {})  # forget the answer given above
-    monkeypatch.setattr(lowering, "_warned", set())
+    from thunder_memfuse.regions import base
+
+    monkeypatch.setattr(base, "_reasons", set())  # what has been said once already
     with pytest.warns(MemFuseWarning, match="relu stays out of generated kernels: .*RuntimeError: boom"):
         assert not lowering.fusible_bsym(relu[0])
     # said once: not for the same bound symbol again, nor for another relu with the same error
@@ -961,29 +963,34 @@ def test_each_op_is_lowered_once_for_the_predicate_and_the_build(monkeypatch):
     from thunder_memfuse.regions.nvrtc import lowering
 
     monkeypatch.setattr(lowering, "_per_op", {})
-    monkeypatch.setattr(lowering, "stats", {"lowered": 0, "reused": 0})
-    calls = []
-    real_check = lowering._check_leaves
+    calls, asked = [], []  # lowerings made; per-op lowerings asked for (made or reused)
+    real_check, real_op_leaves = lowering._check_leaves, lowering._op_leaves
 
     def counting(bsym):
         calls.append(bsym)
         return real_check(bsym)
 
+    def asking(bsym):
+        asked.append(id(bsym))  # not the object: entries must be free to go with their bound symbols
+        return real_op_leaves(bsym)
+
     monkeypatch.setattr(lowering, "_check_leaves", counting)
+    monkeypatch.setattr(lowering, "_op_leaves", asking)
 
     def real_leaves_of(b):
         return lowering._leaves(b, [])
     x = torch.randn(4, 5)
     tr, bsyms, inputs, outs, _ = _thunder_region(lambda t: (t.sin() * 2 + 1).relu(), x)
     assert len(bsyms) >= 3
-    lowered = lowering.stats["lowered"]
-    assert lowered == len(calls) and all(any(c is b for b in tr.bound_symbols) for c in calls)
+    lowered = len(calls)
+    assert lowered and all(any(c is b for b in tr.bound_symbols) for c in calls)
     assert len({id(b) for b in calls}) == len(calls)  # once per bound symbol asked
     assert all(K.fusible_bsym(b) for b in bsyms)  # answered from the entries
-    assert lowering.stats["lowered"] == lowered
+    assert len(calls) == lowered
+    asked.clear()
     K.build_cuda_region(bsyms, inputs, outs)
-    assert lowering.stats["lowered"] == lowered and len(calls) == lowered  # the build lowered nothing again
-    assert lowering.stats["reused"] >= len(bsyms)
+    assert len(calls) == lowered  # the build lowered nothing again
+    assert len(asked) >= len(bsyms)  # it reused each op's lowering
     # an unsupported op's reason is kept too
     tr2 = thunder.jit(lambda t: t.sum())
     tr2(x)

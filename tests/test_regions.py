@@ -413,7 +413,7 @@ def test_region_kinds_come_from_the_plan(monkeypatch):
 
     def pairs_as_regions(*a, **kw):
         res = real_plan_trace(*a, **kw)
-        res["plan"]["kinds"] = ["region" if k == "epilogue" else k for k in res["plan"]["kinds"]]
+        res["kinds"] = ["region" if k == "epilogue" else k for k in res["kinds"]]
         return res
 
     monkeypatch.setattr(_thunder, "plan_trace", pairs_as_regions)

@@ -55,9 +55,7 @@ def _op_record(b, fusible, epilogue_role, recompute, aliases, cheap_op):
     eff = _thunder.effects(b)
     if not b.flat_proxy_outs:
         eff |= _C.EFF_ORDERED  # an op without outputs is there for its effect
-    al = aliases(b)
-    if eff & _C.EFF_WAIT:
-        al = _wait_aliases(b)
+    al = _wait_aliases(b) if eff & _C.EFF_WAIT else aliases(b)
     if eff:
         return (_C.RECORD_OP, eff, 0, al, 0, 0)
     return (_C.RECORD_OP, 0, fusible(b), al, int(bool(recompute and cheap_op(b))), int(epilogue_role(b)))

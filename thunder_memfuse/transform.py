@@ -363,20 +363,10 @@ def regroup_trace(trace, groups, *, compiler, is_backward, name_prefix="MemFuse"
 
 def _planned_groups(res):
     """plan_trace's groups of bound symbols, each with the kind the plan gave it
-    (csrc/core/mf_core.h NOTE [group kinds]): plan["kinds"][k] is the kind of
-    plan["groups"][k], which the reader regrouped in order (trace_regroup.c).  In a
-    backward whose saved tensors come from the virtual op 0 (res["saved_op"]), that op
-    runs before every other (csrc/core/mf_build.c NOTE [saved op]), so it is the plan's first
-    group, the one the reader drops: it has no bound symbol."""
-    plan = res["plan"]
-    kinds = plan["kinds"]
-    if res.get("saved_op"):
-        if not kinds or kinds[0] != regions.base.SINGLE or plan["groups"][0] != [0]:
-            raise MemFuseError("internal: the saved tensors' op is not the plan's first group")
-        kinds = kinds[1:]
-    if len(kinds) != len(res["groups"]):
-        raise MemFuseError(f"internal: {len(res['groups'])} planned groups but {len(kinds)} kinds")
-    return list(zip(res["groups"], kinds))
+    (csrc/core/mf_core.h NOTE [group kinds]; trace.c gives them side by side)."""
+    if len(res["kinds"]) != len(res["groups"]):
+        raise MemFuseError(f"internal: {len(res['groups'])} planned groups but {len(res['kinds'])} kinds")
+    return list(zip(res["groups"], res["kinds"]))
 
 
 def _with_comments(bsyms, groups):

@@ -58,6 +58,12 @@ static int fail(mf_gbuf *b)
     return -1;
 }
 
+/* Arrays growing together share the least capacity any of them reached. */
+static size_t least(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
 /* *p holds at least need elements of elem bytes (contents kept). */
 static int grow(mf_gbuf *b, void *pp, size_t *cap, size_t need, size_t elem)
 {
@@ -112,9 +118,7 @@ int32_t mf_gbuf_add_value(mf_gbuf *b, int64_t bytes, int is_input)
             grow(b, &b->alias_of, &c2, need, sizeof(int32_t)) < 0 || grow(b, &b->is_input, &c3, need, 1) < 0 ||
             grow(b, &b->is_output, &c4, need, 1) < 0)
             return -1;
-        b->cap_values = c1 < c2 ? c1 : c2;
-        b->cap_values = b->cap_values < c3 ? b->cap_values : c3;
-        b->cap_values = b->cap_values < c4 ? b->cap_values : c4;
+        b->cap_values = least(least(c1, c2), least(c3, c4));
     }
     v = b->n_values++;
     b->value_bytes[v] = bytes;
@@ -122,15 +126,6 @@ int32_t mf_gbuf_add_value(mf_gbuf *b, int64_t bytes, int is_input)
     b->is_input[v] = (uint8_t)(is_input != 0);
     b->is_output[v] = 0;
     return v;
-}
-
-int mf_gbuf_reserve_values(mf_gbuf *b, int32_t n)
-{
-    int32_t i;
-    for (i = 0; i < n; i++)
-        if (mf_gbuf_add_value(b, 0, 0) < 0)
-            return -1;
-    return 0;
 }
 
 int mf_gbuf_begin_op(mf_gbuf *b, int fusible)
@@ -144,7 +139,7 @@ int mf_gbuf_begin_op(mf_gbuf *b, int fusible)
         if (grow(b, &b->in_ptr, &c1, need, sizeof(int32_t)) < 0 ||
             grow(b, &b->out_ptr, &c2, need, sizeof(int32_t)) < 0 || grow(b, &b->fusible, &c3, need, 1) < 0)
             return -1;
-        b->cap_ops = c1 < c2 ? (c1 < c3 ? c1 : c3) : (c2 < c3 ? c2 : c3);
+        b->cap_ops = least(least(c1, c2), c3);
     }
     b->in_ptr[b->n_ops] = b->n_in;
     b->out_ptr[b->n_ops] = b->n_out;
@@ -290,7 +285,7 @@ static int32_t new_value(mf_builder *B, int64_t bytes, int is_input)
             grow(&B->g, &B->last_writer, &c2, need, sizeof(int32_t)) < 0 ||
             grow(&B->g, &B->head, &c3, need, sizeof(int32_t)) < 0)
             return -1;
-        B->cap_v = c1 < c2 ? (c1 < c3 ? c1 : c3) : (c2 < c3 ? c2 : c3);
+        B->cap_v = least(least(c1, c2), c3);
     }
     B->root[v] = v;
     B->last_writer[v] = -1;
@@ -310,7 +305,7 @@ static int grow_ops(mf_builder *B, int32_t op)
     memset(B->op_comm + B->cap_op, 0, c1 - B->cap_op);
     memset(B->op_cheap + B->cap_op, 0, c2 - B->cap_op);
     memset(B->op_epi + B->cap_op, 0, c3 - B->cap_op);
-    B->cap_op = c1 < c2 ? (c1 < c3 ? c1 : c3) : (c2 < c3 ? c2 : c3);
+    B->cap_op = least(least(c1, c2), c3);
     return 0;
 }
 
@@ -327,7 +322,7 @@ static int add_reader(mf_builder *B, int32_t root, int32_t op)
             if (grow(&B->g, &B->rd_op, &c1, need, sizeof(int32_t)) < 0 ||
                 grow(&B->g, &B->rd_next, &c2, need, sizeof(int32_t)) < 0)
                 return -1;
-            B->cap_rd = c1 < c2 ? c1 : c2;
+            B->cap_rd = least(c1, c2);
         }
     }
     e = B->n_rd++;

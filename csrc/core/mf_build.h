@@ -56,7 +56,6 @@ typedef struct mf_gbuf {
 void mf_gbuf_init(mf_gbuf *b, const mf_ctx *parent);
 void mf_gbuf_free(mf_gbuf *b);
 int32_t mf_gbuf_add_value(mf_gbuf *b, int64_t bytes, int is_input);
-int mf_gbuf_reserve_values(mf_gbuf *b, int32_t n); /* n values of zero bytes */
 int mf_gbuf_begin_op(mf_gbuf *b, int fusible);
 int mf_gbuf_op_in(mf_gbuf *b, int32_t v);
 int mf_gbuf_op_out(mf_gbuf *b, int32_t v);

@@ -23,7 +23,8 @@
  * Of the bound symbols it reads sym.id, flat_proxy_args, flat_proxy_outs and
  * of proxies name, shape and dtype.bytes.  Returns
  *
- *   {"prologue": [bsym...], "groups": [[bsym...]...], "epilogue": [bsym...],
+ *   {"prologue": [bsym...], "groups": [[bsym...]...], "kinds": [each group's
+ *    kind in the plan], "epilogue": [bsym...],
  *    "plan": {...core plan...}, "graph": {plan() arguments}, "names": [...],
  *    "saved_op": op 0 is the virtual op making the saved tensors}
  *
@@ -367,16 +368,27 @@ static int add_outputs(walk_t *w, PyObject *epilogue)
     return 0;
 }
 
-/* Drop the saved-tensor op's group: it has no bound symbol. */
-static int drop_saved_group(PyObject *groups)
+/* The plan's kinds, one per group of `groups` (mf_core.h NOTE [group kinds]); the
+ * saved-tensor op's group has no bound symbol, so it and its kind are dropped. */
+static PyObject *kinds_of_groups(PyObject *plan, PyObject *groups)
 {
+    PyObject *pk = PyDict_GetItemString(plan, "kinds"), *kinds;
     Py_ssize_t g0;
+    if (!pk || !PyList_Check(pk) || PyList_GET_SIZE(pk) != PyList_GET_SIZE(groups)) {
+        PyErr_SetString(PyExc_RuntimeError, "plan_trace: the plan's kinds do not match its groups");
+        return NULL;
+    }
+    if (!(kinds = PyList_GetSlice(pk, 0, PyList_GET_SIZE(pk))))
+        return NULL;
     for (g0 = 0; g0 < PyList_GET_SIZE(groups); g0++) {
         PyObject *bl = PyList_GET_ITEM(groups, g0);
-        if (PyList_GET_SIZE(bl) == 1 && PyList_GET_ITEM(bl, 0) == Py_None)
-            return PySequence_DelItem(groups, g0);
+        if (PyList_GET_SIZE(bl) == 1 && PyList_GET_ITEM(bl, 0) == Py_None) {
+            if (PySequence_DelItem(groups, g0) < 0 || PySequence_DelItem(kinds, g0) < 0)
+                Py_CLEAR(kinds);
+            break;
+        }
     }
-    return 0;
+    return kinds;
 }
 
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
@@ -385,7 +397,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
                              "freeable", "comm_overlap", "recompute", NULL};
     PyObject *bsyms, *records, *tensor_type = NULL, *ms = Py_None, *freeable = Py_None;
     PyObject *seq = NULL, *rseq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL, *storages = NULL;
-    PyObject *plan = NULL, *groups = NULL, *graph = NULL, *out = NULL;
+    PyObject *plan = NULL, *groups = NULL, *kinds = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, comm_overlap = 1, have_used = 0, st;
     long long max_states = 0, recompute = 0;
     const uint8_t *cheap = NULL;
@@ -480,7 +492,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     have_used = used.n_ops > 0;
     if (!(groups = mf_py_regroup(plan, ops_list, have_used ? &used : NULL, w.B.g.n_values)))
         goto done;
-    if (w.B.saved_op && drop_saved_group(groups) < 0)
+    if (!(kinds = kinds_of_groups(plan, groups)))
         goto done;
     if (!(graph = mf_gbuf_to_dict(have_used ? &used : &w.B.g)))
         goto done;
@@ -491,8 +503,8 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         if (bad)
             goto done;
     }
-    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "epilogue",
-                        epilogue, "plan", plan, "graph", graph, "names", w.names, "saved_op",
+    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "kinds",
+                        kinds, "epilogue", epilogue, "plan", plan, "graph", graph, "names", w.names, "saved_op",
                         w.B.saved_op ? Py_True : Py_False);
 done:
     Py_XDECREF(seq);
@@ -502,6 +514,7 @@ done:
     Py_XDECREF(epilogue);
     Py_XDECREF(plan);
     Py_XDECREF(groups);
+    Py_XDECREF(kinds);
     Py_XDECREF(graph);
     Py_XDECREF(storages);
     mf_walk_free(&w);

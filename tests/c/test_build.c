@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "mf_build.h"
+#include "test_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,16 +18,7 @@ int mf_test_build(int *checks);
 
 static int b_failures, b_checks;
 
-#define BCHECK(cond, ...)                                                                    \
-    do {                                                                                     \
-        b_checks++;                                                                          \
-        if (!(cond)) {                                                                       \
-            b_failures++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-        }                                                                                    \
-    } while (0)
+#define BCHECK(cond, ...) MF_TEST_CHECK(b_checks, b_failures, cond, __VA_ARGS__)
 
 /* One op: reads in[0..nin), makes nout values (bytes each) with the given aliases. */
 typedef struct {
@@ -320,27 +312,6 @@ static void test_bad_records(void)
 
 /* ---- allocation failures: every failing allocation gives ENOMEM and leaks nothing ---- */
 
-typedef struct {
-    long count, fail_at, live;
-} fa;
-
-static void *fa_alloc(void *ud, size_t n)
-{
-    fa *f = (fa *)ud;
-    if (++f->count == f->fail_at)
-        return NULL;
-    f->live++;
-    return malloc(n);
-}
-
-static void fa_free(void *ud, void *p)
-{
-    fa *f = (fa *)ud;
-    if (p) {
-        f->live--;
-        free(p);
-    }
-}
 
 /* A backward-shaped graph of L layers: saved tensors, cheap chains, views, in-place writes. */
 static int build_some(const mf_ctx *parent, int L)
@@ -379,8 +350,8 @@ static void test_alloc_failures(void)
 {
     long total, k;
     {
-        fa f = {0, -1, 0};
-        mf_allocator al = {fa_alloc, fa_free, &f};
+        mf_talloc f = {0, -1, 0};
+        mf_allocator al = {mf_talloc_alloc, mf_talloc_free, &f};
         mf_ctx ctx;
         mf_ctx_init(&ctx, &al);
         BCHECK(build_some(&ctx, 40) == MF_OK, "the graph builds");
@@ -388,8 +359,8 @@ static void test_alloc_failures(void)
         BCHECK(f.live == 0, "leak: %ld blocks", f.live);
     }
     for (k = 1; k <= total; k++) {
-        fa f = {0, k, 0};
-        mf_allocator al = {fa_alloc, fa_free, &f};
+        mf_talloc f = {0, k, 0};
+        mf_allocator al = {mf_talloc_alloc, mf_talloc_free, &f};
         mf_ctx ctx;
         int st;
         mf_ctx_init(&ctx, &al);

@@ -11,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "mf_core.h"
 #include "fixed_graph.h"
+#include "test_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,16 +21,7 @@ int mf_test_comm(int *checks);
 
 static int c_failures, c_checks;
 
-#define CCHECK(cond, ...)                                                                    \
-    do {                                                                                     \
-        c_checks++;                                                                          \
-        if (!(cond)) {                                                                       \
-            c_failures++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-        }                                                                                    \
-    } while (0)
+#define CCHECK(cond, ...) MF_TEST_CHECK(c_checks, c_failures, cond, __VA_ARGS__)
 
 static int pos_of(const mf_plan_result *r, int32_t op)
 {
@@ -267,27 +259,6 @@ static void test_errors(void)
 }
 
 /* Every allocation of a plan with collectives fails once: MF_ENOMEM, nothing leaked. */
-typedef struct fa {
-    long count, fail_at, live;
-} fa;
-static void *fa_alloc(void *ud, size_t n)
-{
-    fa *f = (fa *)ud;
-    void *p;
-    if (++f->count == f->fail_at)
-        return NULL;
-    p = malloc(n ? n : 1);
-    if (p)
-        f->live++;
-    return p;
-}
-static void fa_free(void *ud, void *p)
-{
-    fa *f = (fa *)ud;
-    if (p)
-        f->live--;
-    free(p);
-}
 
 static void test_alloc_failures(void)
 {
@@ -297,8 +268,8 @@ static void test_alloc_failures(void)
     build_ddp(&g, 4, 100, 10);
     d = fg_desc(&g, 1);
     {
-        fa f = {0, 0, 0};
-        mf_allocator al = {fa_alloc, fa_free, &f};
+        mf_talloc f = {0, 0, 0};
+        mf_allocator al = {mf_talloc_alloc, mf_talloc_free, &f};
         mf_ctx ctx;
         mf_plan_result r;
         mf_ctx_init(&ctx, &al);
@@ -308,8 +279,8 @@ static void test_alloc_failures(void)
         CCHECK(f.live == 0, "leak: %ld blocks", f.live);
     }
     for (k = 1; k <= total; k++) {
-        fa f = {0, k, 0};
-        mf_allocator al = {fa_alloc, fa_free, &f};
+        mf_talloc f = {0, k, 0};
+        mf_allocator al = {mf_talloc_alloc, mf_talloc_free, &f};
         mf_ctx ctx;
         mf_plan_result r;
         int st;

@@ -20,21 +20,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "test_util.h"
+
 int mf_test_kinds_ok(const mf_graph_desc *d, const mf_plan_result *r); /* test_kinds.c */
 
 static int g_failures = 0;
 static int g_checks = 0;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        g_checks++;                                                         \
-        if (!(cond)) {                                                      \
-            g_failures++;                                                   \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-        }                                                                   \
-    } while (0)
+#define CHECK(cond, ...) MF_TEST_CHECK(g_checks, g_failures, cond, __VA_ARGS__)
 
 static double now_ms(void)
 {
@@ -55,32 +48,6 @@ static uint64_t rnd(void)
 static int rint_(int n) /* [0, n) */
 {
     return (int)(rnd() % (uint64_t)n);
-}
-
-/* ---- counting / failing allocator ---- */
-typedef struct talloc {
-    long count;   /* allocations requested */
-    long fail_at; /* fail the fail_at-th request (1-based); 0: never */
-    long live;
-} talloc;
-
-static void *t_alloc(void *ud, size_t n)
-{
-    talloc *t = (talloc *)ud;
-    t->count++;
-    if (t->fail_at && t->count == t->fail_at)
-        return NULL;
-    t->live++;
-    return malloc(n);
-}
-
-static void t_free(void *ud, void *p)
-{
-    talloc *t = (talloc *)ud;
-    if (p) {
-        t->live--;
-        free(p);
-    }
 }
 
 /* ---- test graph builder: a thin face on the core's mf_gbuf (mf_build.h) ---- */
@@ -1922,12 +1889,12 @@ static int call_sim(mf_ctx *ctx, const mf_graph_desc *d, void *arg)
 
 static void inject(const mf_graph_desc *d, call_fn fn, void *arg, const char *what)
 {
-    talloc ta;
+    mf_talloc ta;
     mf_allocator al;
     mf_ctx ctx;
     long total, N;
-    al.alloc = t_alloc;
-    al.free = t_free;
+    al.alloc = mf_talloc_alloc;
+    al.free = mf_talloc_free;
     al.ud = &ta;
     memset(&ta, 0, sizeof ta);
     mf_ctx_init(&ctx, &al);

@@ -7,6 +7,8 @@
 #include "mf_core.h"
 #include "fixed_graph.h"
 
+#include "test_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,16 +17,7 @@ int test_harden(int *checks);
 
 static int h_fail, h_checks;
 
-#define HCHECK(cond, ...)                                                             \
-    do {                                                                              \
-        h_checks++;                                                                   \
-        if (!(cond)) {                                                                \
-            h_fail++;                                                                 \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                             \
-            fprintf(stderr, "\n");                                                    \
-        }                                                                             \
-    } while (0)
+#define HCHECK(cond, ...) MF_TEST_CHECK(h_checks, h_fail, cond, __VA_ARGS__)
 
 /* ---- an allocator that counts bytes: current, peak, and live blocks ---- */
 typedef struct balloc {

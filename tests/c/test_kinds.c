@@ -11,6 +11,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "mf_core.h"
 
+#include "test_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,16 +22,7 @@ int mf_test_kinds_ok(const mf_graph_desc *d, const mf_plan_result *r);
 
 static int k_failures, k_checks;
 
-#define KCHECK(cond, ...)                                                                    \
-    do {                                                                                     \
-        k_checks++;                                                                          \
-        if (!(cond)) {                                                                       \
-            k_failures++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-        }                                                                                    \
-    } while (0)
+#define KCHECK(cond, ...) MF_TEST_CHECK(k_checks, k_failures, cond, __VA_ARGS__)
 
 static int32_t root_of(const mf_graph_desc *d, int32_t v)
 {

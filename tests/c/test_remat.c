@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "mf_build.h"
+#include "test_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +22,7 @@ int mf_test_remat(int *checks);
 
 static int r_failures, r_checks;
 
-#define RCHECK(cond, ...)                                                                    \
-    do {                                                                                     \
-        r_checks++;                                                                          \
-        if (!(cond)) {                                                                       \
-            r_failures++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-        }                                                                                    \
-    } while (0)
+#define RCHECK(cond, ...) MF_TEST_CHECK(r_checks, r_failures, cond, __VA_ARGS__)
 
 static uint64_t r_state = 0x9E3779B97F4A7C15ULL;
 
@@ -184,29 +176,6 @@ static void test_random(void)
 
 /* ---- allocation failures and cancellation ---- */
 
-typedef struct falloc {
-    long count, fail_at, live;
-} falloc;
-
-static void *f_alloc(void *ud, size_t n)
-{
-    falloc *f = (falloc *)ud;
-    void *p;
-    if (++f->count == f->fail_at)
-        return NULL;
-    p = malloc(n);
-    f->live += p != NULL;
-    return p;
-}
-
-static void f_free(void *ud, void *p)
-{
-    falloc *f = (falloc *)ud;
-    if (p) {
-        f->live--;
-        free(p);
-    }
-}
 
 static int cancel_now(void *ud)
 {
@@ -247,8 +216,8 @@ static void test_failures(void)
             }
         } while (!copies);
         for (fail = 1;; fail++) {
-            falloc f = {0, 0, 0};
-            mf_allocator al = {f_alloc, f_free, NULL};
+            mf_talloc f = {0, 0, 0};
+            mf_allocator al = {mf_talloc_alloc, mf_talloc_free, NULL};
             mf_ctx ctx;
             al.ud = &f;
             f.fail_at = fail;

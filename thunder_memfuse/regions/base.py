@@ -235,13 +235,19 @@ def predicate(default):
     return wrap
 
 
-def _say_once(fn, bsyms, e) -> None:
-    ops = tuple(str(getattr(getattr(b, "sym", None), "name", b)) for b in bsyms)
-    key = (fn.__module__, fn.__qualname__, ops, type(e).__name__)
+def first_time(key) -> bool:
+    """True the first time `key` is seen in this process (thread-safe): what says a reason once."""
     with _reasons_lock:
         if key in _reasons:
-            return
+            return False
         _reasons.add(key)
+        return True
+
+
+def _say_once(fn, bsyms, e) -> None:
+    ops = tuple(str(getattr(getattr(b, "sym", None), "name", b)) for b in bsyms)
+    if not first_time((fn.__module__, fn.__qualname__, ops, type(e).__name__)):
+        return
     from .._options import LOG
 
     LOG.warning("memfuse: %s.%s(%s) raised %s: %s; taken as no (those ops are not fused)", fn.__module__.rsplit(".", 1)[-1],

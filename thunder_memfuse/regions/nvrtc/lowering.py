@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import math
 import struct
-import threading
 import weakref
 from numbers import Number
 
@@ -169,7 +168,6 @@ def view_only_bsym(bsym) -> bool:
 # NOTE [per-op lowering]: id(bsym) -> its _OpRecord
 _per_op: dict = {}
 _SELF = object()  # a leaf that is the bound symbol itself (a prim): the entry must not hold it
-stats = {"lowered": 0, "reused": 0}  # per-op lowerings made and reused (tests read them)
 
 
 class _OpRecord:
@@ -221,25 +219,17 @@ def _op_leaves(bsym) -> list:
     _Unsupported where it has none a kernel can hold."""
     rec = _record(bsym)
     if rec is None:
-        stats["lowered"] += 1
         return _check_leaves(bsym)
     if rec.leaves is None and rec.error is None:
-        stats["lowered"] += 1
         try:
             leaves = _check_leaves(bsym)
         except _Unsupported as e:
             rec.error = str(e)
         else:
             rec.leaves = tuple(_SELF if l is bsym else l for l in leaves)
-    else:
-        stats["reused"] += 1
     if rec.error is not None:
         raise _Unsupported(rec.error)
     return [bsym if l is _SELF else l for l in rec.leaves]
-
-
-_warned: set = set()
-_warned_lock = threading.Lock()
 
 
 def fusible_bsym(bsym) -> bool:
@@ -275,11 +265,9 @@ def _fusible(bsym) -> bool:
     except _Unsupported:
         return False
     except Exception as e:  # a case the lowering did not foresee: say so (once), keep the op out of kernels
-        key = (str(bsym.sym.name), type(e).__name__)
-        with _warned_lock:
-            first = key not in _warned
-            _warned.add(key)
-        if first:
+        from ..base import first_time
+
+        if first_time((__name__, str(bsym.sym.name), type(e).__name__)):
             from ...errors import warn
 
             warn(f"memfuse nvrtc: {bsym.sym.name} stays out of generated kernels: lowering it raised "
