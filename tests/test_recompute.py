@@ -151,6 +151,37 @@ def test_a_chain_is_recomputed_whole_where_one_link_cannot_help():
     assert origin.count(0) == 1  # the matmul-like op never
 
 
+def test_the_search_runs_again_on_the_order_planned_with_its_copies():
+    """csrc/python/plan.c NOTE [recomputation passes]: the first search copies v2 for op 4; planned
+    again, that graph's order lets a second search copy v1 too (for op 3 and for v2's copy), which no
+    copy set on the first order reaches.  The result names the caller's ops and values."""
+    ops = [([0], [1]), ([0, 1], [2]), ([0, 2], [3]), ([1, 3], [4]), ([2, 4], [5]), ([4], [6])]
+    vb = [8, 32, 16, 32, 1, 32, 4]
+    cheap = [1, 1, 1, 1, 1, 0]
+    kw = dict(graph_inputs=[0], graph_outputs=[5, 6], fuse=False, cheap=cheap)
+    plain = _C.plan(ops, vb, graph_inputs=[0], graph_outputs=[5, 6], fuse=False)
+    one = _C.plan(ops, vb, recompute=1000, _recompute_passes=1, **kw)
+    got = _C.plan(ops, vb, recompute=1000, **kw)
+    assert got["peak_bytes"] < one["peak_bytes"] < plain["peak_bytes"]
+    rc = got["recompute"]
+    assert rc["splits"] > one["recompute"]["splits"]
+    assert sorted(set(rc["origin"])) == list(range(len(ops)))  # ops of the caller's graph
+    assert rc["value_origin"][: len(vb)] == list(range(len(vb)))
+    copied = rc["value_origin"][len(vb):]
+    assert copied and rc["copied_bytes"] == sum(vb[v] for v in copied)
+    assert all(cheap[o] for o in rc["origin"] if rc["origin"].count(o) > 1)
+    assert got["peak_bytes_without_recompute"] == plain["peak_bytes"]
+    g = rc["graph"]
+    sim = _C.simulate(g["ops"], g["value_bytes"], got["order"], graph_inputs=g["graph_inputs"],
+                      graph_outputs=g["graph_outputs"])
+    assert sim[0] == got["unfused_peak_bytes"]
+    for budget in range(1, 64):  # later passes spend only what is left
+        r = _C.plan(ops, vb, recompute=budget, **kw)
+        assert r["peak_bytes"] <= plain["peak_bytes"]
+        if "recompute" in r:
+            assert 0 < r["recompute"]["copied_bytes"] <= budget
+
+
 def test_recompute_is_off_without_a_budget_or_cheap_ops():
     ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([1, 4], [5])]
     vb = [4, 8, 4, 16, 1, 4]

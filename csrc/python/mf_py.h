@@ -40,7 +40,7 @@ int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long 
  * the copies lower the planned peak. */
 PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
                                     int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
-                                    long long dp_max_bytes, mf_gbuf *used);
+                                    long long dp_max_bytes, int passes, mf_gbuf *used);
 /* trace_regroup.c: the plan's groups as lists of bound symbols (ops_list:
  * op id -> bsym); used: the graph with recomputed copies the plan is for, or
  * NULL; nv0: values of the trace's own graph.  New reference or NULL. */

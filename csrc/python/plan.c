@@ -534,69 +534,12 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
     return out;
 }
 
-/* NOTE [recomputation] (mf_remat.c): the plan of b; where budget > 0, the
- * plan of b with copies of cheap ops too, kept if its peak is lower.  *used
- * receives the graph the returned plan is for when that is the one with the
- * copies (else it stays empty); the caller frees it. */
-PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
-                                    int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
-                                    long long dp_max_bytes, mf_gbuf *used)
-{
-    PyObject *plan, *info = NULL, *plan2 = NULL, *graph = NULL;
-    mf_gbuf g2;
-    mf_py_gbuf_init(used);
-    plan = mf_py_run_plan(b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
-    if (!plan || budget <= 0 || !cheap)
-        return plan;
-    if (mf_py_recompute(b, cheap, plan, budget, &g2, &info) < 0) {
-        Py_DECREF(plan);
-        return NULL;
-    }
-    if (!info) {
-        mf_gbuf_free(&g2);
-        return plan;
-    }
-    plan2 = mf_py_run_plan(&g2, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
-    if (!plan2)
-        goto fail;
-    {
-        PyObject *p1 = PyDict_GetItemString(plan, "peak_bytes"), *p2 = PyDict_GetItemString(plan2, "peak_bytes");
-        long long a = p1 ? PyLong_AsLongLong(p1) : 0, c = p2 ? PyLong_AsLongLong(p2) : 0;
-        if (PyErr_Occurred())
-            goto fail;
-        if (c >= a) { /* the copies do not pay once planned: keep the plan without them */
-            Py_DECREF(plan2);
-            Py_DECREF(info);
-            mf_gbuf_free(&g2);
-            return plan;
-        }
-    }
-    if (!(graph = mf_gbuf_to_dict(&g2)) || PyDict_SetItemString(info, "graph", graph) < 0 ||
-        PyDict_SetItemString(plan2, "recompute", info) < 0 ||
-        PyDict_SetItemString(plan2, "peak_bytes_without_recompute", PyDict_GetItemString(plan, "peak_bytes")) < 0 ||
-        /* "baseline" stays the input order of the graph as given, without copies */
-        PyDict_SetItemString(plan2, "baseline_peak_bytes", PyDict_GetItemString(plan, "baseline_peak_bytes")) < 0)
-        goto fail;
-    Py_DECREF(graph);
-    Py_DECREF(info);
-    Py_DECREF(plan);
-    *used = g2;
-    return plan2;
-fail:
-    Py_XDECREF(graph);
-    Py_XDECREF(info);
-    Py_XDECREF(plan2);
-    Py_DECREF(plan);
-    mf_gbuf_free(&g2);
-    return NULL;
-}
-
 static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
                              "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
-                             "cheap", NULL};
+                             "cheap", "_recompute_passes", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
     long long budget = 0;
@@ -604,14 +547,14 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
     PyObject *empty = NULL, *out = NULL;
-    int fuse = 1, fusion_moves = 1, dp_max_ops = 0;
+    int fuse = 1, fusion_moves = 1, dp_max_ops = 0, passes = 0;
     long long max_states = 0, dp_max_bytes = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLOi:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
                                      &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &dp_max_bytes, &cm,
-                                     &comm_overlap, &budget, &ch))
+                                     &comm_overlap, &budget, &ch, &passes))
         return NULL;
     if (budget < 0) {
         PyErr_SetString(PyExc_ValueError, "recompute must be a budget in bytes >= 0");
@@ -654,7 +597,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
         {
             mf_gbuf used;
             out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, max_states, fuse, fusion_moves,
-                                            comm_overlap, dp_max_ops, dp_max_bytes, &used);
+                                            comm_overlap, dp_max_ops, dp_max_bytes, passes, &used);
             mf_gbuf_free(&used);
         }
     }
@@ -815,14 +758,14 @@ static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
-     "comm_overlap=True, recompute=0, cheap=None)\n"
+     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0)\n"
      "--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
      "max_states: None or an int in [1, 2**63 - 1].  The DP also stops at a memory budget (256 MiB, "
      "_dp_max_bytes when > 0), reporting optimal=False.  Ctrl-C raises KeyboardInterrupt.\n"
      "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "
-     "(default 256); the DP's memory budget in bytes."},
+     "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3)."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
      "aliases=(), fusible=None)\n--\n\n"

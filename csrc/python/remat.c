@@ -1,8 +1,9 @@
 /*
  * remat.c -- the binding's side of recomputation (csrc/core/mf_remat.c NOTE
  * [recomputation]): run the core's search on a built graph and its plan, and
- * rebuild the graph with the copies as an mf_gbuf to plan again.  Shared by
- * plan() (plan.c) and plan_trace() (trace.c).
+ * rebuild the graph with the copies as an mf_gbuf to plan again, and the
+ * passes of search and plan (NOTE [recomputation passes]).  Shared by plan()
+ * (plan.c) and plan_trace() (trace.c).
  */
 #include "mf_py.h"
 #include <string.h>
@@ -129,4 +130,179 @@ done:
     PyMem_RawFree(order);
     Py_XDECREF(seq);
     return rc;
+}
+
+/* NOTE [recomputation passes] (mf_remat.c NOTE [recomputation]): the plan of
+ * b; where budget > 0, the plan of b with copies of cheap ops too, kept if
+ * its peak is lower.  The search splits values on one planned order; planning
+ * the graph with the copies again finds another order, on which further
+ * splits may pay.  So the search runs again on each kept plan, with what is
+ * left of the budget, up to `passes` times (<= 0: MF_RECOMPUTE_PASSES), while the planned peak
+ * keeps falling.  A later pass's origins are composed with the earlier ones',
+ * so the result names ops and values of b.  *used receives the graph the
+ * returned plan is for when that is one with copies (else it stays empty);
+ * the caller frees it. */
+#define MF_RECOMPUTE_PASSES 3
+
+/* x[k] := prev[x[k]] for a list of ids. */
+static int compose_ids(PyObject *x, PyObject *prev)
+{
+    Py_ssize_t i, n = PyList_GET_SIZE(x), m = PyList_GET_SIZE(prev);
+    for (i = 0; i < n; i++) {
+        Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(x, i));
+        PyObject *y;
+        if (j < 0 || j >= m) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "recompute: a copy's origin is out of range");
+            return -1;
+        }
+        y = PyList_GET_ITEM(prev, j);
+        Py_INCREF(y);
+        PyList_SetItem(x, i, y);
+    }
+    return 0;
+}
+
+static long long dict_ll(PyObject *d, const char *key)
+{
+    PyObject *o = PyDict_GetItemString(d, key);
+    return o ? PyLong_AsLongLong(o) : 0;
+}
+
+/* info (a later pass's, relative to the graph prev was made for) in terms of b. */
+static int compose_info(PyObject *info, PyObject *prev)
+{
+    PyObject *o;
+    if (compose_ids(PyDict_GetItemString(info, "origin"), PyDict_GetItemString(prev, "origin")) < 0 ||
+        compose_ids(PyDict_GetItemString(info, "value_origin"), PyDict_GetItemString(prev, "value_origin")) < 0)
+        return -1;
+    if (!(o = PyLong_FromLongLong(dict_ll(info, "splits") + dict_ll(prev, "splits"))) ||
+        PyDict_SetItemString(info, "splits", o) < 0)
+        goto fail;
+    Py_DECREF(o);
+    if (!(o = PyLong_FromLongLong(dict_ll(info, "copied_bytes") + dict_ll(prev, "copied_bytes"))) ||
+        PyDict_SetItemString(info, "copied_bytes", o) < 0)
+        goto fail;
+    Py_DECREF(o);
+    if (PyDict_SetItemString(info, "start_peak_bytes", PyDict_GetItemString(prev, "start_peak_bytes")) < 0 ||
+        PyDict_SetItemString(info, "n_values_before", PyDict_GetItemString(prev, "n_values_before")) < 0)
+        return -1;
+    return PyErr_Occurred() ? -1 : 0;
+fail:
+    Py_XDECREF(o);
+    return -1;
+}
+
+/* cheap flags of g2's ops: those of the ops they are or copy (origin, relative to the graph
+ * cheap is for). */
+static uint8_t *cheap_of_copies(PyObject *info, const uint8_t *cheap, int32_t n_prev)
+{
+    PyObject *origin = PyDict_GetItemString(info, "origin");
+    Py_ssize_t i, n = PyList_GET_SIZE(origin);
+    uint8_t *c = PyMem_RawCalloc((size_t)n + 1, 1);
+    if (!c) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        long j = PyLong_AsLong(PyList_GET_ITEM(origin, i));
+        if (j < 0 || j >= n_prev) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "recompute: a copy's origin is out of range");
+            PyMem_RawFree(c);
+            return NULL;
+        }
+        c[i] = cheap[j];
+    }
+    return c;
+}
+
+PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
+                                    int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
+                                    long long dp_max_bytes, int passes, mf_gbuf *used)
+{
+    PyObject *first, *plan, *info = NULL, *kept_info = NULL, *graph = NULL;
+    uint8_t *cheap_cur = NULL;
+    const uint8_t *ch = cheap;
+    mf_gbuf *cur = b;
+    int pass;
+    mf_py_gbuf_init(used);
+    first = plan = mf_py_run_plan(b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
+    if (!plan || budget <= 0 || !cheap)
+        return plan;
+    Py_INCREF(first);
+    if (passes <= 0)
+        passes = MF_RECOMPUTE_PASSES;
+    for (pass = 0; pass < passes && budget > 0; pass++) {
+        PyObject *plan2;
+        mf_gbuf g2;
+        long long a, c;
+        if (mf_py_recompute(cur, ch, plan, budget, &g2, &info) < 0)
+            goto fail;
+        if (!info) {
+            mf_gbuf_free(&g2);
+            break;
+        }
+        if (!(plan2 = mf_py_run_plan(&g2, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes))) {
+            mf_gbuf_free(&g2);
+            goto fail;
+        }
+        a = dict_ll(plan, "peak_bytes");
+        c = dict_ll(plan2, "peak_bytes");
+        if (PyErr_Occurred() || c >= a) { /* the copies do not pay once planned: keep the plan before them */
+            Py_DECREF(plan2);
+            Py_CLEAR(info);
+            mf_gbuf_free(&g2);
+            if (PyErr_Occurred())
+                goto fail;
+            break;
+        }
+        budget -= dict_ll(info, "copied_bytes");
+        {
+            uint8_t *c2 = cheap_of_copies(info, ch, cur->n_ops);
+            if (!c2 || (kept_info && compose_info(info, kept_info) < 0)) {
+                PyMem_RawFree(c2);
+                Py_DECREF(plan2);
+                mf_gbuf_free(&g2);
+                goto fail;
+            }
+            PyMem_RawFree(cheap_cur);
+            ch = cheap_cur = c2;
+        }
+        Py_XDECREF(kept_info);
+        kept_info = info;
+        info = NULL;
+        Py_DECREF(plan);
+        plan = plan2;
+        if (cur != b)
+            mf_gbuf_free(cur);
+        *used = g2;
+        cur = used;
+    }
+    PyMem_RawFree(cheap_cur);
+    cheap_cur = NULL;
+    if (!kept_info) {
+        Py_DECREF(first);
+        return plan;
+    }
+    if (!(graph = mf_gbuf_to_dict(used)) || PyDict_SetItemString(kept_info, "graph", graph) < 0 ||
+        PyDict_SetItemString(plan, "recompute", kept_info) < 0 ||
+        PyDict_SetItemString(plan, "peak_bytes_without_recompute", PyDict_GetItemString(first, "peak_bytes")) < 0 ||
+        /* "baseline" stays the input order of the graph as given, without copies */
+        PyDict_SetItemString(plan, "baseline_peak_bytes", PyDict_GetItemString(first, "baseline_peak_bytes")) < 0)
+        goto fail;
+    Py_DECREF(graph);
+    Py_DECREF(kept_info);
+    Py_DECREF(first);
+    return plan;
+fail:
+    PyMem_RawFree(cheap_cur);
+    Py_XDECREF(graph);
+    Py_XDECREF(info);
+    Py_XDECREF(kept_info);
+    Py_XDECREF(plan);
+    Py_DECREF(first);
+    mf_gbuf_free(used);
+    mf_py_gbuf_init(used);
+    return NULL;
 }

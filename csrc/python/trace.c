@@ -487,7 +487,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         goto done;
     }
     if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, max_states, fuse, 1,
-                                           comm_overlap, 0, 0, &used)))
+                                           comm_overlap, 0, 0, 0, &used)))
         goto done;
     have_used = used.n_ops > 0;
     if (!(groups = mf_py_regroup(plan, ops_list, have_used ? &used : NULL, w.B.g.n_values)))
