@@ -29,7 +29,8 @@ class Plan:
     fusion_moves: single-op moves kept after grouping because they lower the
     fused peak (NOTE [fusion-aware moves] in csrc/core/mf_fuse.c); when > 0,
     unfused_peak_bytes and optimal describe the moved order, method the
-    order before the moves.  comm_moves: collectives issued earlier and waits
+    order before the moves.  hoists: storages' last readers moved, with what
+    they wait for, before the peak step (NOTE [hoists] in csrc/core/mf_hoist.c).  comm_moves: collectives issued earlier and waits
     run later than the planned order had them (NOTE [collective overlap] in
     csrc/core/mf_comm.c), within the planned peaks.
     """
@@ -45,6 +46,7 @@ class Plan:
     states: int
     method: str = field(default="")
     fusion_moves: int = 0
+    hoists: int = 0
     comm_moves: int = 0
     # recompute: None, or what plan(recompute=...) copied (csrc/core/mf_remat.c NOTE
     # [recomputation]): origin (op of the graph each op of `order` is or copies), value_origin,

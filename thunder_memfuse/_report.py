@@ -184,7 +184,7 @@ def report(jfn) -> dict:
     traced).  Each holds peaks in bytes above the inputs (see format_report for
     what each term means): peak_before_bytes, peak_after_bytes,
     unfused_peak_bytes, lower_bound_bytes; regions_before / regions_after (fusion
-    regions); ops; optimal, method, states, fusion_moves (how the order was
+    regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
     found); comm_moves and collectives (per asynchronous collective, its op
     position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors; and
     largest_live_at_peak: [(proxy name, bytes, where)], where names the op that
@@ -228,6 +228,7 @@ def report(jfn) -> dict:
             "method": plan["method"],
             "states": plan["states"],
             "fusion_moves": plan.get("fusion_moves", 0),
+            "hoists": plan.get("hoists", 0),
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
             "kernels": info.get("kernels"),
@@ -283,6 +284,8 @@ METHODS = {  # csrc/core/mf_core.h, what mf_plan_result.method says
 }
 EXTRA_TERMS = {
     "fusion-aware moves": "single ops moved next to a region afterwards because that lowers the fused peak",
+    "hoists": "a tensor's last reader moved, with what it waits for, before the peak step, so the tensor is "
+              "freed sooner",
     "live at peak": "the largest tensors allocated while the peak step runs, with the op that made them "
                     "and, where Thunder recorded it, the user's source line",
 }
@@ -347,6 +350,7 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
             + (f" ({r['kernels']})" if r.get("kernels") and r["regions_after"] else "") + ", "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
             + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
+            + (f", {r['hoists']} hoists" if r.get("hoists") else "")
         )
         if r.get("replaced_executors"):
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
@@ -377,6 +381,8 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
             lines.append(f"    {m}: {METHODS.get(m, 'the planner rung that produced the order')}")
         if any(r.get("fusion_moves") for r in rep.values()):
             lines.append(f"    fusion-aware moves: {EXTRA_TERMS['fusion-aware moves']}")
+        if any(r.get("hoists") for r in rep.values()):
+            lines.append(f"    hoists: {EXTRA_TERMS['hoists']}")
         if any(r["largest_live_at_peak"] for r in rep.values()):
             lines.append(f"    live at peak: {EXTRA_TERMS['live at peak']}")
     return "\n".join(lines)

@@ -156,6 +156,7 @@ typedef struct mf_plan_options {
                           * <= 0 or above the built-in 256: 256.  Tests lower
                           * it to reach the large-piece paths on small graphs. */
     int no_comm_overlap; /* 1: leave collectives and waits where the plan put them */
+    int no_hoists;       /* 1: no NOTE [hoists] (mf_hoist.c) */
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000
@@ -198,6 +199,7 @@ typedef struct mf_plan_result {
     int64_t states;          /* DP states explored (created, over all DP runs) */
     const char *method;      /* static string: "lower-bound", "dp", "greedy", ... */
     int32_t fusion_moves;    /* single-op moves kept for a lower fused peak (mf_fuse.c) */
+    int32_t hoists;          /* hoists kept (mf_hoist.c NOTE [hoists]) */
     int32_t comm_moves;      /* collectives issued earlier / waits run later (mf_comm.c) */
 } mf_plan_result;
 /* method, in detail: "lower-bound" (optimal, proven without search), "dp"

@@ -183,6 +183,12 @@ void mf_fuse_kinds(const mf_pg *pg, const int32_t *order, const int32_t *group_p
  * then the number of moves kept (else 0). */
 int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves);
 
+/* Hoists (NOTE [hoists] in mf_hoist.c): on the valid order `order`, move a
+ * storage's last reader, with its ancestors after the peak step, to just
+ * before that step, while the unfused (peak, steps at the peak) falls.
+ * order is rewritten in place; *moves is the number of hoists kept. */
+int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves);
+
 /* ---- Liu's hill/valley merging (mf_liu.c, NOTE [liu merge]) ----
  * Workspace built once per plan: per op and per storage of the graph, and
  * per local op of a piece of at most max_k ops, reused piece after piece. */

@@ -21,7 +21,9 @@
  *     glued to its consumer), within a state budget (NOTE [state budget];
  *     large pieces get a smaller share, NOTE [DP piece size]);
  *  6. windowed DP around the peak step of pieces the DP could not finish
- *     (mf_windows.c, NOTE [windows]);
+ *     (mf_windows.c, NOTE [windows]); then, unless the order is proven
+ *     optimal, hoists of a storage's last reader before the peak step
+ *     (mf_hoist.c, NOTE [hoists]);
  *  7. fusion grouping (mf_fuse.c) on the final order;
  *  8. with fusion on, single-op moves near the peak group that lower the
  *     fused peak (mf_fuse.c NOTE [fusion-aware moves]), then grouping again;
@@ -95,6 +97,7 @@ typedef struct plan {
     int32_t *scratch;
     /* heuristics (stage 3); hord[0] is the baseline order */
     int32_t *hord[N_HEUR];
+    int32_t *prehoist; /* the order before hoists (stage 6b), when some were kept */
     int64_t hpeak[N_HEUR];
     int32_t best_h;
     int64_t LB, U, F; /* lower bound, best heuristic peak, proven lower bound */
@@ -470,6 +473,27 @@ static int stage_windows(plan *R)
     return mf_windows_run(&R->P, &A, &R->states, &R->improved);
 }
 
+/* Stage 6b: hoists (mf_hoist.c, NOTE [hoists]) on the order of the pieces,
+ * unless it is proven optimal. */
+static int stage_hoists(plan *R)
+{
+    int32_t moves = 0;
+    int st;
+    if ((R->opt && R->opt->no_hoists) || mf_tracker_peak(&R->tr, R->P.cur, R->n) <= R->F)
+        return MF_OK;
+    if (!(R->prehoist = (int32_t *)arr(R, (size_t)R->n, sizeof(int32_t))))
+        return MF_ENOMEM;
+    memcpy(R->prehoist, R->P.cur, sizeof(int32_t) * (size_t)R->n);
+    if ((st = mf_hoist_refine(R->ctx, R->a, &R->pg, R->P.cur, &moves)))
+        return st;
+    if (moves == 0)
+        R->prehoist = NULL;
+    if (moves > 0 && !mf_pg_order_valid(&R->pg, R->P.cur, R->scratch))
+        return mf_set_error(R->ctx, MF_EINTERNAL, "hoists produced an invalid order");
+    R->out->hoists = moves;
+    return MF_OK;
+}
+
 /* Stage 7a: the planned order into the result, checked against the
  * simulator and the tracker, never worse than the input or the best
  * heuristic order; its method and proof. */
@@ -531,16 +555,18 @@ static int stage_fusion_grouping(plan *R)
 }
 
 /* Stage 8: fusion-aware moves (NOTE [fusion-aware moves] in mf_fuse.c), from
- * the planned order and from the best heuristic order: the moves are a local
- * search, and the DPs' last unfused gains can put the planned order in a
- * worse basin for regions (nanoGPT's checkpointed backward reaches a lower
- * fused peak from the heuristic order: benchmarks/RESULTS.md, "A real
- * model").  The lower fused peak reached by moves is kept. */
+ * the planned order, from the best heuristic order and from the order before
+ * hoists: the moves are a local search, and the DPs' last unfused gains (or
+ * the hoists') can put the planned order in a worse basin for regions
+ * (nanoGPT's checkpointed backward reaches a lower fused peak from the
+ * heuristic order: benchmarks/RESULTS.md, "A real model").  The order before
+ * hoists is also grouped as it is.  The lower fused peak is kept. */
 static int stage_fusion_moves(plan *R)
 {
     mf_plan_result *out = R->out;
-    int32_t n = R->n, ng2 = 0, c, n_starts;
+    int32_t n = R->n, ng2 = 0, c;
     int32_t *ord2, *gp2;
+    const int32_t *starts[3];
     int64_t pk2 = 0;
     int st;
     if (!R->fuse || (R->opt && R->opt->no_fusion_moves))
@@ -549,28 +575,38 @@ static int stage_fusion_moves(plan *R)
     gp2 = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
     if (!ord2 || !gp2)
         return MF_ENOMEM;
-    /* the planned order may be the heuristic one: then one start */
-    n_starts = memcmp(R->hord[R->best_h], out->order, sizeof(int32_t) * (size_t)n) ? 2 : 1;
-    for (c = 0; c < n_starts; c++) {
-        int32_t moves = 0;
-        memcpy(ord2, c == 0 ? out->order : R->hord[R->best_h], sizeof(int32_t) * (size_t)n);
-        if ((st = mf_fuse_refine(R->ctx, R->a, &R->pg, ord2, &moves)))
-            return st;
-        if (moves == 0)
+    starts[0] = out->order;
+    /* the planned order may be the heuristic one: then no second start */
+    starts[1] = memcmp(R->hord[R->best_h], out->order, sizeof(int32_t) * (size_t)n) ? R->hord[R->best_h] : NULL;
+    starts[2] = R->prehoist;
+    for (c = 0; c < 3; c++) {
+        int32_t moves = 0, pass;
+        if (!starts[c])
             continue;
-        if (!mf_pg_order_valid(&R->pg, ord2, R->scratch))
-            return mf_set_error(R->ctx, MF_EINTERNAL, "fusion-aware moves produced an invalid order");
-        if ((st = mf_fuse_group(R->ctx, R->a, &R->pg, ord2, R->fuse, gp2, &ng2, &pk2)))
-            return st;
-        if (pk2 < out->peak_bytes) {
-            memcpy(out->order, ord2, sizeof(int32_t) * (size_t)n);
-            memcpy(out->group_ptr, gp2, sizeof(int32_t) * ((size_t)ng2 + 1));
-            out->n_groups = ng2;
-            out->peak_bytes = pk2;
-            out->fusion_moves = moves;
-            R->peak = mf_tracker_peak(&R->tr, out->order, n);
-            out->unfused_peak_bytes = R->peak;
-            out->optimal = R->peak <= R->F;
+        for (pass = c == 2 ? 0 : 1; pass < 2; pass++) { /* pass 0: the order as it is */
+            memcpy(ord2, starts[c], sizeof(int32_t) * (size_t)n);
+            if (pass == 1) {
+                if ((st = mf_fuse_refine(R->ctx, R->a, &R->pg, ord2, &moves)))
+                    return st;
+                if (moves == 0)
+                    continue;
+            }
+            if (!mf_pg_order_valid(&R->pg, ord2, R->scratch))
+                return mf_set_error(R->ctx, MF_EINTERNAL, "fusion-aware moves produced an invalid order");
+            if ((st = mf_fuse_group(R->ctx, R->a, &R->pg, ord2, R->fuse, gp2, &ng2, &pk2)))
+                return st;
+            if (pk2 < out->peak_bytes) {
+                memcpy(out->order, ord2, sizeof(int32_t) * (size_t)n);
+                memcpy(out->group_ptr, gp2, sizeof(int32_t) * ((size_t)ng2 + 1));
+                out->n_groups = ng2;
+                out->peak_bytes = pk2;
+                out->fusion_moves = moves;
+                if (c == 2)
+                    out->hoists = 0;
+                R->peak = mf_tracker_peak(&R->tr, out->order, n);
+                out->unfused_peak_bytes = R->peak;
+                out->optimal = R->peak <= R->F;
+            }
         }
     }
     return MF_OK;
@@ -650,6 +686,8 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, mf_seg_ws *sw, const mf_graph_des
             return st;
         out->method = pieces_method(&R);
     }
+    if ((st = stage_hoists(&R)))            /* 6b: hoists */
+        return st;
     if ((st = stage_result(&R)))            /* 7: checks, never worse, proof */
         return st;
     if ((st = stage_fusion_grouping(&R)))   /* 7: fusion grouping */

@@ -26,8 +26,12 @@ void mf_py_gbuf_init(mf_gbuf *b);
  * for a core ctx. */
 PyObject *mf_py_raise_status(int status, const char *msg);
 PyObject *mf_py_raise(const mf_ctx *ctx, int status);
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
-                         int dp_max_ops, long long dp_max_bytes); /* -> plan dict */
+/* The planner's options as plan() and plan_trace() take them (mf_plan_options). */
+typedef struct mf_py_plan_args {
+    long long max_states, dp_max_bytes;
+    int fuse, fusion_moves, comm_overlap, dp_max_ops, hoists;
+} mf_py_plan_args;
+PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa); /* -> plan dict */
 /* remat.c: recomputation (mf_remat.c NOTE [recomputation]) on b's graph and
  * its plan dict, budget in bytes.  Where copies were made, *out holds the
  * graph with them and *info a dict (origin, value_origin, splits,
@@ -35,12 +39,11 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
  * *info is NULL and *out empty.  0 or -1 (exception); free *out either way. */
 int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, mf_gbuf *out,
                     PyObject **info);
-/* plan.c: plan b, then try recomputation; the plan dict, with "recompute"
+/* remat.c: plan b, then try recomputation; the plan dict, with "recompute"
  * (the info above plus "graph", the graph with the copies as a dict) where
- * the copies lower the planned peak. */
-PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
-                                    int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
-                                    long long dp_max_bytes, int passes, mf_gbuf *used);
+ * the copies lower the planned peak.  passes <= 0: the default. */
+PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget,
+                                    const mf_py_plan_args *pa, int passes, mf_gbuf *used);
 /* trace_regroup.c: the plan's groups as lists of bound symbols (ops_list:
  * op id -> bsym); used: the graph with recomputed copies the plan is for, or
  * NULL; nv0: values of the trace's own graph.  New reference or NULL. */

@@ -440,14 +440,14 @@ static PyObject *plan_to_dict(const mf_plan_result *r)
     }
     if (!(kinds = kind_list(r->group_kind, r->n_groups)))
         goto fail;
-    d = Py_BuildValue("{s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i,s:i}", "order", order, "groups", groups,
+    d = Py_BuildValue("{s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:O,s:L,s:s,s:i,s:i,s:i}", "order", order, "groups", groups,
                       "kinds", kinds,
                       "peak_bytes", (long long)r->peak_bytes, "unfused_peak_bytes",
                       (long long)r->unfused_peak_bytes, "baseline_peak_bytes", (long long)r->baseline_peak_bytes,
                       "lower_bound_bytes", (long long)r->lower_bound_bytes, "optimal",
                       r->optimal ? Py_True : Py_False, "states", (long long)r->states, "method",
-                      r->method ? r->method : "", "fusion_moves", (int)r->fusion_moves, "comm_moves",
-                      (int)r->comm_moves);
+                      r->method ? r->method : "", "fusion_moves", (int)r->fusion_moves, "hoists",
+                      (int)r->hoists, "comm_moves", (int)r->comm_moves);
 fail:
     Py_XDECREF(order);
     Py_XDECREF(groups);
@@ -492,12 +492,10 @@ static int poll_signals(void *ud)
 
 /* Run the core planner on a built graph; returns the result dict.
  * fusion_moves: 0 sets mf_plan_options.no_fusion_moves, comm_overlap: 0
- * no_comm_overlap; dp_max_ops:
+ * no_comm_overlap, hoists: 0 no_hoists; dp_max_ops:
  * mf_plan_options.dp_max_ops (0: the default; tests lower it); dp_max_bytes:
  * mf_plan_options.max_dp_bytes (0: the default). */
-PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_moves, int comm_overlap,
-                         int dp_max_ops,
-                         long long dp_max_bytes)
+PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
@@ -511,12 +509,13 @@ PyObject *mf_py_run_plan(mf_gbuf *b, long long max_states, int fuse, int fusion_
     mf_gbuf_desc(b, &desc);
     memset(&opt, 0, sizeof opt);
     memset(&res, 0, sizeof res);
-    opt.max_states = max_states;
-    opt.max_dp_bytes = dp_max_bytes;
-    opt.fuse = fuse;
-    opt.no_fusion_moves = !fusion_moves;
-    opt.no_comm_overlap = !comm_overlap;
-    opt.dp_max_ops = dp_max_ops;
+    opt.max_states = pa->max_states;
+    opt.max_dp_bytes = pa->dp_max_bytes;
+    opt.fuse = pa->fuse;
+    opt.no_fusion_moves = !pa->fusion_moves;
+    opt.no_comm_overlap = !pa->comm_overlap;
+    opt.dp_max_ops = pa->dp_max_ops;
+    opt.no_hoists = !pa->hoists;
     ctx.cancel = poll_signals;
     ctx.cancel_ud = &sp;
     sp.next = mono_s() + MF_PY_POLL_S;
@@ -539,7 +538,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
                              "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
-                             "cheap", "_recompute_passes", NULL};
+                             "cheap", "_recompute_passes", "_hoists", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
     long long budget = 0;
@@ -547,14 +546,14 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
     PyObject *empty = NULL, *out = NULL;
-    int fuse = 1, fusion_moves = 1, dp_max_ops = 0, passes = 0;
+    int fuse = 1, fusion_moves = 1, dp_max_ops = 0, passes = 0, hoists = 1;
     long long max_states = 0, dp_max_bytes = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLOi:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLOip:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
                                      &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &dp_max_bytes, &cm,
-                                     &comm_overlap, &budget, &ch, &passes))
+                                     &comm_overlap, &budget, &ch, &passes, &hoists))
         return NULL;
     if (budget < 0) {
         PyErr_SetString(PyExc_ValueError, "recompute must be a budget in bytes >= 0");
@@ -596,8 +595,15 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
         }
         {
             mf_gbuf used;
-            out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, max_states, fuse, fusion_moves,
-                                            comm_overlap, dp_max_ops, dp_max_bytes, passes, &used);
+            mf_py_plan_args pa;
+            pa.max_states = max_states;
+            pa.dp_max_bytes = dp_max_bytes;
+            pa.fuse = fuse;
+            pa.fusion_moves = fusion_moves;
+            pa.comm_overlap = comm_overlap;
+            pa.dp_max_ops = dp_max_ops;
+            pa.hoists = hoists;
+            out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, &pa, passes, &used);
             mf_gbuf_free(&used);
         }
     }
@@ -758,14 +764,14 @@ static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
-     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0)\n"
+     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True)\n"
      "--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
      "max_states: None or an int in [1, 2**63 - 1].  The DP also stops at a memory budget (256 MiB, "
      "_dp_max_bytes when > 0), reporting optimal=False.  Ctrl-C raises KeyboardInterrupt.\n"
      "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "
-     "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3)."},
+     "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3); _hoists=False: no NOTE [hoists]."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
      "aliases=(), fusible=None)\n--\n\n"

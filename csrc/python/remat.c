@@ -139,7 +139,11 @@ done:
  * splits may pay.  So the search runs again on each kept plan, with what is
  * left of the budget, up to `passes` times (<= 0: MF_RECOMPUTE_PASSES), while the planned peak
  * keeps falling.  A later pass's origins are composed with the earlier ones',
- * so the result names ops and values of b.  *used receives the graph the
+ * so the result names ops and values of b.  Hoists (csrc/core/mf_hoist.c NOTE
+ * [hoists]) change the first plan's order, and the search from another order
+ * ends elsewhere; so where the first plan kept hoists, the passes also start
+ * from the plan without them, and the lower final peak wins (the plan with
+ * hoists on a tie).  *used receives the graph the
  * returned plan is for when that is one with copies (else it stays empty);
  * the caller frees it. */
 #define MF_RECOMPUTE_PASSES 3
@@ -217,22 +221,19 @@ static uint8_t *cheap_of_copies(PyObject *info, const uint8_t *cheap, int32_t n_
     return c;
 }
 
-PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget, long long max_states,
-                                    int fuse, int fusion_moves, int comm_overlap, int dp_max_ops,
-                                    long long dp_max_bytes, int passes, mf_gbuf *used)
+/* The passes from `plan` (a plan of b, stolen): the last kept plan, with *kept_out (a new
+ * reference, NULL when no copies were kept) and *used (the graph of the last kept plan, empty
+ * when none). */
+static PyObject *passes_from(mf_gbuf *b, const uint8_t *cheap, long long budget, const mf_py_plan_args *pa,
+                             int passes, PyObject *plan, mf_gbuf *used, PyObject **kept_out)
 {
-    PyObject *first, *plan, *info = NULL, *kept_info = NULL, *graph = NULL;
+    PyObject *info = NULL, *kept_info = NULL;
     uint8_t *cheap_cur = NULL;
     const uint8_t *ch = cheap;
     mf_gbuf *cur = b;
     int pass;
     mf_py_gbuf_init(used);
-    first = plan = mf_py_run_plan(b, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes);
-    if (!plan || budget <= 0 || !cheap)
-        return plan;
-    Py_INCREF(first);
-    if (passes <= 0)
-        passes = MF_RECOMPUTE_PASSES;
+    *kept_out = NULL;
     for (pass = 0; pass < passes && budget > 0; pass++) {
         PyObject *plan2;
         mf_gbuf g2;
@@ -243,7 +244,7 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
             mf_gbuf_free(&g2);
             break;
         }
-        if (!(plan2 = mf_py_run_plan(&g2, max_states, fuse, fusion_moves, comm_overlap, dp_max_ops, dp_max_bytes))) {
+        if (!(plan2 = mf_py_run_plan(&g2, pa))) {
             mf_gbuf_free(&g2);
             goto fail;
         }
@@ -280,7 +281,53 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
         cur = used;
     }
     PyMem_RawFree(cheap_cur);
-    cheap_cur = NULL;
+    *kept_out = kept_info;
+    return plan;
+fail:
+    PyMem_RawFree(cheap_cur);
+    Py_XDECREF(info);
+    Py_XDECREF(kept_info);
+    Py_DECREF(plan);
+    mf_gbuf_free(used);
+    mf_py_gbuf_init(used);
+    return NULL;
+}
+
+PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget,
+                                    const mf_py_plan_args *pa, int passes, mf_gbuf *used)
+{
+    PyObject *first, *plan, *kept_info = NULL, *graph = NULL;
+    mf_py_plan_args nh = *pa;
+    mf_gbuf used2;
+    mf_py_gbuf_init(used);
+    first = mf_py_run_plan(b, pa);
+    if (!first || budget <= 0 || !cheap)
+        return first;
+    if (passes <= 0)
+        passes = MF_RECOMPUTE_PASSES;
+    Py_INCREF(first);
+    if (!(plan = passes_from(b, cheap, budget, pa, passes, first, used, &kept_info)))
+        goto fail;
+    nh.hoists = 0;
+    if (pa->hoists && dict_ll(first, "hoists") > 0) { /* the second start: the plan without hoists */
+        PyObject *start = mf_py_run_plan(b, &nh), *plan2, *info2 = NULL;
+        if (!start)
+            goto fail;
+        if (!(plan2 = passes_from(b, cheap, budget, pa, passes, start, &used2, &info2)))
+            goto fail;
+        if (dict_ll(plan2, "peak_bytes") < dict_ll(plan, "peak_bytes")) {
+            Py_DECREF(plan);
+            Py_XDECREF(kept_info);
+            mf_gbuf_free(used);
+            plan = plan2;
+            kept_info = info2;
+            *used = used2;
+        } else {
+            Py_DECREF(plan2);
+            Py_XDECREF(info2);
+            mf_gbuf_free(&used2);
+        }
+    }
     if (!kept_info) {
         Py_DECREF(first);
         return plan;
@@ -296,9 +343,7 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     Py_DECREF(first);
     return plan;
 fail:
-    PyMem_RawFree(cheap_cur);
     Py_XDECREF(graph);
-    Py_XDECREF(info);
     Py_XDECREF(kept_info);
     Py_XDECREF(plan);
     Py_DECREF(first);

@@ -405,6 +405,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_ctx pc;
     walk_t w;
     mf_gbuf used;
+    mf_py_plan_args pa;
     Py_ssize_t i, n;
     (void)self;
 
@@ -486,8 +487,14 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         mf_py_raise(&w.B.g.ctx, st);
         goto done;
     }
-    if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, max_states, fuse, 1,
-                                           comm_overlap, 0, 0, 0, &used)))
+    pa.max_states = max_states;
+    pa.dp_max_bytes = 0;
+    pa.fuse = fuse;
+    pa.fusion_moves = 1;
+    pa.comm_overlap = comm_overlap;
+    pa.dp_max_ops = 0;
+    pa.hoists = 1;
+    if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, &pa, 0, &used)))
         goto done;
     have_used = used.n_ops > 0;
     if (!(groups = mf_py_regroup(plan, ops_list, have_used ? &used : NULL, w.B.g.n_values)))
