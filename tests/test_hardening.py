@@ -148,7 +148,7 @@ def test_ctrl_c_interrupts_a_long_plan_quickly():
     """SIGINT from a timer thread 0.3 s into a plan that would run for seconds: KeyboardInterrupt
     (plan.c NOTE [interrupting a plan]); the binding polls signals every 20 ms."""
     spec = fork_join()
-    sent = []
+    sent, ended = [], []
 
     def interrupt():
         sent.append(time.perf_counter())
@@ -159,7 +159,14 @@ def test_ctrl_c_interrupts_a_long_plan_quickly():
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            tm.plan(**spec, max_states=2**62)
+            try:
+                tm.plan(**spec, max_states=2**62)
+            finally:
+                ended.append(time.perf_counter())
+    except BaseException as e:  # say what happened: the plan's length, whether the signal went out
+        raise AssertionError(f"{e}: plan ran {ended[0] - t0:.3f} s, SIGINT sent "
+                             f"{'at %.3f s' % (sent[0] - t0) if sent else 'never'}, handler "
+                             f"{signal.getsignal(signal.SIGINT)}") from e
     finally:
         timer.cancel()
     latency = time.perf_counter() - sent[0]
