@@ -36,7 +36,6 @@ from collections import OrderedDict
 
 import torch
 from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
-from thunder.core.pytree import tree_flatten
 
 from . import _thunder
 
@@ -117,9 +116,8 @@ def _skip_probe(bsym) -> bool:
 
 
 def _key(bsym):
-    flat, _ = tree_flatten((bsym.args, bsym.kwargs))
     parts = []
-    for x in flat:
+    for x in bsym.flat_args:  # Thunder's own flattening of (args, kwargs), kept on the bound symbol
         if isinstance(x, TensorProxy):
             parts.append(("T", x.name, tuple(_dim(d) for d in x.shape), str(x.dtype), str(x.device)))
         elif isinstance(x, NumberProxy):

@@ -18,6 +18,7 @@ from thunder.core.proxies import TensorProxy
 
 from . import _C
 from . import _thunder
+from ._memo import one_answer_each
 
 
 def records(bsyms, *, fusible, epilogue_role, recompute: bool) -> list:
@@ -27,6 +28,11 @@ def records(bsyms, *, fusible, epilogue_role, recompute: bool) -> list:
     from ._aliases import aliases
     from ._recompute import cheap_op
 
+    with one_answer_each():
+        return _records(bsyms, fusible, epilogue_role, recompute, aliases, cheap_op)
+
+
+def _records(bsyms, fusible, epilogue_role, recompute, aliases, cheap_op):
     out = []
     seen_op = False
     for b in bsyms:

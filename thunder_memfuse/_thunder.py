@@ -17,6 +17,7 @@ from thunder.core.proxies import FutureTensorProxy, TensorProxy
 from thunder.core.symbol import gather_tags
 
 from . import _C
+from ._memo import memoized
 
 # Dropped by the reader and re-created by del_last_used on the new order.
 DROP_IDS = frozenset({PrimIDs.DEL, "clear_mutable_collection", PrimIDs.COMMENT})
@@ -106,6 +107,7 @@ def _base_name(x) -> str:
     return str(x).rsplit(".", 1)[-1].lower()
 
 
+@memoized
 def is_random(bsym) -> bool:
     """Does bsym (or anything it is made of) draw from or touch the RNG state?"""
     stack = [bsym]
@@ -118,6 +120,7 @@ def is_random(bsym) -> bool:
     return False
 
 
+@memoized
 def effects(bsym) -> int:
     """Ordering flags of a bound symbol (csrc/core/mf_build.c NOTE [ordering edges]
     and NOTE [collectives])."""
@@ -146,6 +149,7 @@ def _is_collective(bsym) -> bool:
     return any(isinstance(o, FutureTensorProxy) for o in bsym.flat_proxy_outs)
 
 
+@memoized
 def comm_kind(bsym) -> str | None:
     """"issue" for an asynchronous collective (it returns futures and nothing
     else), "wait" for a wait on one future (it reads a future and returns

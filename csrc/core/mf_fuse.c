@@ -68,6 +68,7 @@ typedef struct fuse_ws {
     int32_t *dptr, *didx;    /* storages (not outputs, read after alloc) by last read position,
                                 dptr[p - a] .. dptr[p - a + 1] for position p in [a, b) */
     int64_t *L;              /* n + 1, by absolute position */
+    int64_t *fa;             /* n + 1, by absolute position: fused_allocs(p, p + 1), filled by dp_pass */
 } fuse_ws;
 
 /* bytes allocated at position p by the fused rule for a group ending at j */
@@ -124,6 +125,10 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         val[j - a] = INF64;
         parent[j - a] = -1;
     }
+    /* what position p adds to a group that goes on past it does not depend
+     * on where the group starts: once per pass, not once per start */
+    for (j = a; j < b; j++)
+        w->fa[j] = fused_allocs(w, j, j + 1);
     for (i = a; i < b; i++) {
         int64_t base = val[i - a], c, A, cand;
         if (base == INF64)
@@ -144,7 +149,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         }
         if (!pg->fusible[w->order[i]] || w->maxlen < 2)
             continue;
-        A = fused_allocs(w, i, i + 1);
+        A = w->fa[i];
         for (j = i + 2; j <= b && j - i <= w->maxlen; j++) {
             if (!pg->fusible[w->order[j - 1]])
                 break;
@@ -153,7 +158,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
                 if (w->apos[s] >= i && !pg->smat[s])
                     A -= pg->sbytes[s];
             }
-            A += fused_allocs(w, j - 1, j);
+            A += w->fa[j - 1];
             c = w->L[i] + A;
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
@@ -202,7 +207,8 @@ static int ws_setup(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *or
     w->dptr = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 2, sizeof(int32_t));
     w->didx = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
     w->L = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
-    if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L)
+    w->fa = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
+    if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L || !w->fa)
         return MF_ENOMEM;
     for (i = 0; i < n; i++)
         pos[order[i]] = i;
@@ -613,7 +619,7 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
                         }
                     }
                     for (t = tlo; t <= thi && budget > 0; t++) {
-                        int32_t lo = q < t ? q : t, hi = (q < t ? t : q) + len - 1, ga, gb, wa, wb, nk;
+                        int32_t lo = q < t ? q : t, hi = (q < t ? t : q) + len - 1, ga, gb, wa, wb;
                         int64_t Pw, Pn, kc = 0;
                         if (t == q || lo > j || hi < i - 1)
                             continue;
@@ -626,7 +632,10 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
                         budget -= wb - wa;
                         if (apply_move(&R, q, len, t, wa, wb))
                             return mf_set_error(ctx, MF_EINTERNAL, "fusion-aware move: live bytes disagree");
-                        Pw = group_range(&R.w, R.val, R.parent, R.wstart, &nk);
+                        /* the window's least peak only: its grouping is walked for the
+                         * move kept, below */
+                        dp_pass(&R.w, 0, 0, R.val, R.parent);
+                        Pw = R.val[wb - wa];
                         Pn = R.pmax[ga] > R.smax[gb + 1] ? R.pmax[ga] : R.smax[gb + 1];
                         if (Pw > Pn)
                             Pn = Pw;

@@ -78,7 +78,7 @@ static int mark_ancestors(const mf_pg *pg, const int32_t *pos, int32_t ps, int32
     return 1;
 }
 
-int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves)
+int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t floor, int32_t *order, int32_t *moves)
 {
     int32_t n = pg->n, round, k, s;
     int32_t *pos, *mark, *stack, *cand, *best, *first, *last, stamp = 0;
@@ -102,6 +102,8 @@ int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, i
     for (k = 0; k < n; k++)
         mark[k] = -1;
     score_order(&t, order, n, &cur);
+    if (cur.peak <= floor)
+        return MF_OK; /* proven optimal: nothing to gain */
     for (round = 0; round < MF_HOIST_ROUNDS && cur.step >= 0; round++) {
         int32_t ps = cur.step, op_s = order[ps];
         hscore bsc = cur;

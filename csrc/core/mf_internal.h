@@ -186,8 +186,9 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
 /* Hoists (NOTE [hoists] in mf_hoist.c): on the valid order `order`, move a
  * storage's last reader, with its ancestors after the peak step, to just
  * before that step, while the unfused (peak, steps at the peak) falls.
- * order is rewritten in place; *moves is the number of hoists kept. */
-int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves);
+ * order is rewritten in place; *moves is the number of hoists kept.  Nothing
+ * runs when the order's peak is at most floor (a proven lower bound). */
+int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t floor, int32_t *order, int32_t *moves);
 
 /* ---- Liu's hill/valley merging (mf_liu.c, NOTE [liu merge]) ----
  * Workspace built once per plan: per op and per storage of the graph, and

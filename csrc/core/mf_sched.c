@@ -479,12 +479,12 @@ static int stage_hoists(plan *R)
 {
     int32_t moves = 0;
     int st;
-    if ((R->opt && R->opt->no_hoists) || mf_tracker_peak(&R->tr, R->P.cur, R->n) <= R->F)
+    if (R->opt && R->opt->no_hoists)
         return MF_OK;
     if (!(R->prehoist = (int32_t *)arr(R, (size_t)R->n, sizeof(int32_t))))
         return MF_ENOMEM;
     memcpy(R->prehoist, R->P.cur, sizeof(int32_t) * (size_t)R->n);
-    if ((st = mf_hoist_refine(R->ctx, R->a, &R->pg, R->P.cur, &moves)))
+    if ((st = mf_hoist_refine(R->ctx, R->a, &R->pg, R->F, R->P.cur, &moves)))
         return st;
     if (moves == 0)
         R->prehoist = NULL;

@@ -19,8 +19,22 @@ int mf_fusible_level(PyObject *x)
     return PyObject_IsTrue(x);
 }
 
-/* The graph as plan() keyword arguments (for reports and timelines). */
+static PyObject *to_dict(const mf_gbuf *g);
+
+/* The graph as plan() keyword arguments (for reports and timelines).  The
+ * collector is held off while the lists are made: each op's entry makes new
+ * containers, which would otherwise set off collections that walk every
+ * object of the caller's traces. */
 PyObject *mf_gbuf_to_dict(const mf_gbuf *g)
+{
+    int was = PyGC_Disable();
+    PyObject *d = to_dict(g);
+    if (was)
+        PyGC_Enable();
+    return d;
+}
+
+static PyObject *to_dict(const mf_gbuf *g)
 {
     PyObject *ops = PyList_New(g->n_ops), *vb = PyList_New(g->n_values), *gi = PyList_New(0), *go = PyList_New(0),
              *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *cm = PyList_New(0),

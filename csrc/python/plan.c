@@ -595,7 +595,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
         }
         {
             mf_gbuf used;
-            mf_py_plan_args pa;
+            mf_py_plan_args pa = MF_PY_PLAN_ARGS_DEFAULT;
             pa.max_states = max_states;
             pa.dp_max_bytes = dp_max_bytes;
             pa.fuse = fuse;

@@ -405,7 +405,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_ctx pc;
     walk_t w;
     mf_gbuf used;
-    mf_py_plan_args pa;
+    mf_py_plan_args pa = MF_PY_PLAN_ARGS_DEFAULT;
     Py_ssize_t i, n;
     (void)self;
 
@@ -488,12 +488,8 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         goto done;
     }
     pa.max_states = max_states;
-    pa.dp_max_bytes = 0;
     pa.fuse = fuse;
-    pa.fusion_moves = 1;
     pa.comm_overlap = comm_overlap;
-    pa.dp_max_ops = 0;
-    pa.hoists = 1;
     if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, &pa, 0, &used)))
         goto done;
     have_used = used.n_ops > 0;
@@ -501,7 +497,17 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         goto done;
     if (!(kinds = kinds_of_groups(plan, groups)))
         goto done;
-    if (!(graph = mf_gbuf_to_dict(have_used ? &used : &w.B.g)))
+    if (have_used) { /* the copies' graph, made once by remat.c: a new dict over the same lists */
+        PyObject *rc = PyDict_GetItemString(plan, "recompute"), *g1 = rc ? PyDict_GetItemString(rc, "graph") : NULL;
+        if (!g1 || !PyDict_Check(g1)) {
+            PyErr_SetString(PyExc_RuntimeError, "plan_trace: the plan's copies come without their graph");
+            goto done;
+        }
+        graph = PyDict_Copy(g1);
+    } else {
+        graph = mf_gbuf_to_dict(&w.B.g);
+    }
+    if (!graph)
         goto done;
     if (have_used) { /* the trace's own graph, whose input order is Thunder's (reports' "before") */
         PyObject *g0 = mf_gbuf_to_dict(&w.B.g);

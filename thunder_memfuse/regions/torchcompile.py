@@ -35,6 +35,7 @@ import tempfile
 import threading
 import tokenize
 
+from .._memo import memoized
 from .base import Group, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read, tensor_op
 
 name = "torchcompile"
@@ -107,6 +108,7 @@ _ROWWISE_NAMES = frozenset({
 })
 
 
+@memoized
 @predicate(False)
 def is_extern(bsym) -> bool:
     """An op Inductor runs as an extern kernel (NOTE [extern ops in regions])."""
@@ -165,6 +167,7 @@ def _torch_impl_of() -> dict:
     return out
 
 
+@memoized
 @predicate(0)
 def fusible(bsym) -> int:
     """Can bsym be part of a torch.compile region: the torchcompile executor can claim it, its
