@@ -189,6 +189,13 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
  * order is rewritten in place; *moves is the number of hoists kept.  Nothing
  * runs when the order's peak is at most floor (a proven lower bound). */
 int mf_hoist_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t floor, int32_t *order, int32_t *moves);
+/* Fused hoists (NOTE [fused hoists] in mf_hoist.c): moves of ops after the
+ * first group at the fused peak to before it, each candidate regrouped;
+ * order, group_ptr (n + 1 entries), *n_groups and *peak are rewritten where
+ * the fused peak falls, with the unfused peak kept at most unfused_cap;
+ * *moves counts the moves kept. */
+int mf_hoist_fused(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int fuse, int64_t unfused_cap, int32_t *order,
+                   int32_t *group_ptr, int32_t *n_groups, int64_t *peak, int32_t *moves);
 
 /* ---- Liu's hill/valley merging (mf_liu.c, NOTE [liu merge]) ----
  * Workspace built once per plan: per op and per storage of the graph, and

@@ -612,6 +612,29 @@ static int stage_fusion_moves(plan *R)
     return MF_OK;
 }
 
+/* Stage 8b: fused hoists (NOTE [fused hoists] in mf_hoist.c), against the
+ * fused peak the moves left; fusion-aware moves of their own kind. */
+static int stage_fused_hoists(plan *R)
+{
+    mf_plan_result *out = R->out;
+    int32_t moves = 0;
+    int st;
+    if (!R->fuse || (R->opt && (R->opt->no_fusion_moves || R->opt->no_hoists)))
+        return MF_OK;
+    if ((st = mf_hoist_fused(R->ctx, R->a, &R->pg, R->fuse, out->unfused_peak_bytes, out->order, out->group_ptr,
+                             &out->n_groups, &out->peak_bytes, &moves)))
+        return st;
+    if (moves > 0) {
+        if (!mf_pg_order_valid(&R->pg, out->order, R->scratch))
+            return mf_set_error(R->ctx, MF_EINTERNAL, "fused hoists produced an invalid order");
+        out->fusion_moves += moves;
+        R->peak = mf_tracker_peak(&R->tr, out->order, R->n);
+        out->unfused_peak_bytes = R->peak;
+        out->optimal = R->peak <= R->F;
+    }
+    return MF_OK;
+}
+
 /* Stage 9: collectives early, waits late, within the plan's peaks
  * (mf_comm.c); then the grouped schedule checked against the simulator. */
 static int stage_collectives(plan *R)
@@ -693,6 +716,8 @@ static int plan_body(mf_ctx *ctx, mf_arena *a, mf_seg_ws *sw, const mf_graph_des
     if ((st = stage_fusion_grouping(&R)))   /* 7: fusion grouping */
         return st;
     if ((st = stage_fusion_moves(&R)))      /* 8: fusion-aware moves */
+        return st;
+    if ((st = stage_fused_hoists(&R)))      /* 8b: fused hoists */
         return st;
     if ((st = stage_collectives(&R)))       /* 9: collective placement */
         return st;
