@@ -182,6 +182,30 @@ def test_the_search_runs_again_on_the_order_planned_with_its_copies():
             assert 0 < r["recompute"]["copied_bytes"] <= budget
 
 
+def test_a_split_the_unfused_search_cannot_score_is_found_at_the_fused_peak():
+    """csrc/core/mf_remat.c NOTE [focused splits]: the unfused peak is op 1's step (v1, 20 bytes),
+    which no copy lowers, so the search keeps nothing.  With regions the peak is op 5's step, where
+    v4 (made by cheap op 3, read by op 4 in the region before and by op 7 at the end) is still
+    live; copying op 3 next to op 7, where the copy and op 7 form one region, lowers the fused peak.
+    Without regions the same budget copies nothing."""
+    vb = [1, 20, 1, 4, 4, 1, 1, 1, 1]
+    ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([4], [5]), ([5], [6]), ([6], [7]), ([3, 4, 7], [8])]
+    fus = [True, True, True, True, True, False, False, True]
+    cheap = [0, 0, 0, 1, 0, 0, 0, 0]
+    kw = dict(graph_inputs=[0], graph_outputs=[8], fusible=fus)
+    plain = _C.plan(ops, vb, fuse=True, **kw)
+    got = _C.plan(ops, vb, fuse=True, recompute=100, cheap=cheap, **kw)
+    assert got["peak_bytes"] < plain["peak_bytes"]
+    rc = got["recompute"]
+    assert rc["splits"] == 1 and rc["origin"].count(3) == 2 and rc["copied_bytes"] == vb[4]
+    g = rc["graph"]
+    sim = _C.simulate(g["ops"], g["value_bytes"], got["order"], groups=got["groups"],
+                      graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], fusible=g["fusible"])
+    assert sim[0] == got["peak_bytes"]
+    assert "recompute" not in _C.plan(ops, vb, fuse=False, recompute=100, cheap=cheap, **kw)
+    assert "recompute" not in _C.plan(ops, vb, fuse=True, recompute=vb[4] - 1, cheap=cheap, **kw)
+
+
 def test_recompute_is_off_without_a_budget_or_cheap_ops():
     ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([1, 4], [5])]
     vb = [4, 8, 4, 16, 1, 4]

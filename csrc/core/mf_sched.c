@@ -618,11 +618,15 @@ static int stage_fused_hoists(plan *R)
 {
     mf_plan_result *out = R->out;
     int32_t moves = 0;
+    int64_t cap;
     int st;
     if (!R->fuse || (R->opt && (R->opt->no_fusion_moves || R->opt->no_hoists)))
         return MF_OK;
-    if ((st = mf_hoist_fused(R->ctx, R->a, &R->pg, R->fuse, out->unfused_peak_bytes, out->order, out->group_ptr,
-                             &out->n_groups, &out->peak_bytes, &moves)))
+    /* the unfused peak may rise, as the moves' may, but never above the
+     * input order's (NOTE [never worse]) */
+    cap = out->unfused_peak_bytes > out->baseline_peak_bytes ? out->unfused_peak_bytes : out->baseline_peak_bytes;
+    if ((st = mf_hoist_fused(R->ctx, R->a, &R->pg, R->fuse, cap, out->order, out->group_ptr, &out->n_groups,
+                             &out->peak_bytes, &moves)))
         return st;
     if (moves > 0) {
         if (!mf_pg_order_valid(&R->pg, out->order, R->scratch))

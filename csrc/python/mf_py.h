@@ -36,12 +36,13 @@ typedef struct mf_py_plan_args {
 #define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 1, 1, 1, 0, 1}
 PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa); /* -> plan dict */
 /* remat.c: recomputation (mf_remat.c NOTE [recomputation]) on b's graph and
- * its plan dict, budget in bytes.  Where copies were made, *out holds the
+ * its plan dict, budget in bytes; focus NULL (the search) or {lo, hi, pick}
+ * (mf_remat.c NOTE [focused splits]).  Where copies were made, *out holds the
  * graph with them and *info a dict (origin, value_origin, splits,
  * copied_bytes, searched_peak_bytes, start_peak_bytes, n_values_before); else
  * *info is NULL and *out empty.  0 or -1 (exception); free *out either way. */
-int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, mf_gbuf *out,
-                    PyObject **info);
+int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, const int32_t *focus,
+                    mf_gbuf *out, PyObject **info);
 /* remat.c: plan b, then try recomputation; the plan dict, with "recompute"
  * (the info above plus "graph", the graph with the copies as a dict) where
  * the copies lower the planned peak.  passes <= 0: the default. */

@@ -60,8 +60,8 @@ static int fill_gbuf(const mf_remat_result *r, mf_gbuf *out)
     return out->nomem ? -1 : 0;
 }
 
-int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, mf_gbuf *out,
-                    PyObject **info)
+int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, const int32_t *focus,
+                    mf_gbuf *out, PyObject **info)
 {
     mf_ctx ctx;
     mf_graph_desc desc;
@@ -96,6 +96,11 @@ int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long 
     mf_gbuf_desc(b, &desc);
     memset(&opt, 0, sizeof opt);
     opt.budget_bytes = (int64_t)budget;
+    if (focus) { /* NOTE [focused splits] */
+        opt.focus_lo = focus[0];
+        opt.focus_hi = focus[1];
+        opt.focus_pick = focus[2];
+    }
     Py_BEGIN_ALLOW_THREADS
     st = mf_recompute(&ctx, &desc, cheap, order, &opt, &res);
     Py_END_ALLOW_THREADS
@@ -221,6 +226,90 @@ static uint8_t *cheap_of_copies(PyObject *info, const uint8_t *cheap, int32_t n_
     return c;
 }
 
+/* The group at the fused peak of `plan` (of b): its positions [*lo, *hi) in
+ * the plan's order; *hi == *lo when it has no groups.  0 or -1. */
+static int fused_peak_group(mf_gbuf *b, PyObject *plan, int32_t *lo, int32_t *hi)
+{
+    PyObject *order_o = PyDict_GetItemString(plan, "order"), *groups = PyDict_GetItemString(plan, "groups");
+    Py_ssize_t n = b->n_ops, ng, g, i, k = 0;
+    int32_t *order = NULL, *gp = NULL;
+    int64_t *step = NULL, peak = 0;
+    mf_graph_desc d;
+    mf_ctx ctx;
+    int rc = -1, st;
+    *lo = *hi = 0;
+    if (!order_o || !groups || !PyList_Check(order_o) || !PyList_Check(groups) || PyList_GET_SIZE(order_o) != n) {
+        PyErr_SetString(PyExc_RuntimeError, "recompute: the plan has no order and groups of its graph");
+        return -1;
+    }
+    ng = PyList_GET_SIZE(groups);
+    order = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)n + 1));
+    gp = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)ng + 1));
+    step = PyMem_RawMalloc(sizeof(int64_t) * ((size_t)ng + 1));
+    if (!order || !gp || !step) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++)
+        order[i] = (int32_t)PyLong_AsLong(PyList_GET_ITEM(order_o, i));
+    for (g = 0; g < ng; g++) {
+        PyObject *x = PyList_GET_ITEM(groups, g);
+        gp[g] = (int32_t)k;
+        k += PySequence_Size(x);
+    }
+    gp[ng] = (int32_t)k;
+    if (PyErr_Occurred())
+        goto done;
+    mf_py_ctx_init(&ctx);
+    mf_gbuf_desc(b, &d);
+    if ((st = mf_simulate(&ctx, &d, order, gp, (int32_t)ng, &peak, step, NULL)) != MF_OK) {
+        mf_py_raise(&ctx, st);
+        goto done;
+    }
+    for (g = 0; g < ng; g++)
+        if (step[g] == peak) {
+            *lo = gp[g];
+            *hi = gp[g + 1];
+            break;
+        }
+    rc = 0;
+done:
+    PyMem_RawFree(order);
+    PyMem_RawFree(gp);
+    PyMem_RawFree(step);
+    return rc;
+}
+
+/* One step of the passes on cur (cheap flags ch) and its plan: the search
+ * (focus NULL) or one focused split (NOTE [focused splits]); 1 with *g2,
+ * *info and *plan2 set where the copies' plan has a lower peak, else 0
+ * (nothing set), -1 on error. */
+static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long budget, const mf_py_plan_args *pa,
+                     const int32_t *focus, mf_gbuf *g2, PyObject **info, PyObject **plan2)
+{
+    *plan2 = NULL;
+    if (mf_py_recompute(cur, ch, plan, budget, focus, g2, info) < 0)
+        return -1;
+    if (!*info) {
+        mf_gbuf_free(g2);
+        return 0;
+    }
+    if ((*plan2 = mf_py_run_plan(g2, pa)) && dict_ll(*plan2, "peak_bytes") < dict_ll(plan, "peak_bytes") &&
+        !PyErr_Occurred())
+        return 1;
+    Py_CLEAR(*plan2);
+    Py_CLEAR(*info);
+    mf_gbuf_free(g2);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* NOTE [focused splits] in the binding: where regions are formed, a pass
+ * whose search keeps nothing tries the focused splits of the plan's fused
+ * peak group instead, the MF_FOCUS_TRIES largest one by one, and keeps the
+ * lowest plan; at most MF_FOCUS_PASSES such passes. */
+#define MF_FOCUS_TRIES 4
+#define MF_FOCUS_PASSES 3
+
 /* The passes from `plan` (a plan of b, stolen): the last kept plan, with *kept_out (a new
  * reference, NULL when no copies were kept) and *used (the graph of the last kept plan, empty
  * when none). */
@@ -231,33 +320,56 @@ static PyObject *passes_from(mf_gbuf *b, const uint8_t *cheap, long long budget,
     uint8_t *cheap_cur = NULL;
     const uint8_t *ch = cheap;
     mf_gbuf *cur = b;
-    int pass;
+    int pass, focused = 0;
     mf_py_gbuf_init(used);
     *kept_out = NULL;
-    for (pass = 0; pass < passes && budget > 0; pass++) {
-        PyObject *plan2;
+    for (pass = 0; pass < passes + MF_FOCUS_PASSES && budget > 0; pass++) {
+        PyObject *plan2 = NULL;
         mf_gbuf g2;
-        long long a, c;
-        if (mf_py_recompute(cur, ch, plan, budget, &g2, &info) < 0)
-            goto fail;
-        if (!info) {
-            mf_gbuf_free(&g2);
-            break;
-        }
-        if (!(plan2 = mf_py_run_plan(&g2, pa))) {
-            mf_gbuf_free(&g2);
-            goto fail;
-        }
-        a = dict_ll(plan, "peak_bytes");
-        c = dict_ll(plan2, "peak_bytes");
-        if (PyErr_Occurred() || c >= a) { /* the copies do not pay once planned: keep the plan before them */
-            Py_DECREF(plan2);
-            Py_CLEAR(info);
-            mf_gbuf_free(&g2);
-            if (PyErr_Occurred())
+        int got = 0;
+        if (pass < passes && !focused)
+            got = pass_step(cur, ch, plan, budget, pa, NULL, &g2, &info, &plan2);
+        if (got == 0 && pa->fuse && focused < MF_FOCUS_PASSES) {
+            int32_t f[3];
+            focused++;
+            if (fused_peak_group(cur, plan, &f[0], &f[1]) < 0)
                 goto fail;
-            break;
+            for (f[2] = 0; f[2] < MF_FOCUS_TRIES && f[1] > f[0]; f[2]++) {
+                PyObject *p3, *i3;
+                mf_gbuf g3;
+                int r3 = pass_step(cur, ch, plan, budget, pa, f, &g3, &i3, &p3);
+                if (r3 < 0) {
+                    if (got) {
+                        Py_DECREF(plan2);
+                        Py_CLEAR(info);
+                        mf_gbuf_free(&g2);
+                    }
+                    got = -1;
+                    break;
+                }
+                if (r3 == 0)
+                    continue;
+                if (got && dict_ll(p3, "peak_bytes") >= dict_ll(plan2, "peak_bytes")) {
+                    Py_DECREF(p3);
+                    Py_DECREF(i3);
+                    mf_gbuf_free(&g3);
+                    continue;
+                }
+                if (got) {
+                    Py_DECREF(plan2);
+                    Py_DECREF(info);
+                    mf_gbuf_free(&g2);
+                }
+                plan2 = p3;
+                info = i3;
+                g2 = g3;
+                got = 1;
+            }
         }
+        if (got < 0)
+            goto fail;
+        if (got == 0)
+            break;
         budget -= dict_ll(info, "copied_bytes");
         {
             uint8_t *c2 = cheap_of_copies(info, ch, cur->n_ops);
