@@ -280,6 +280,14 @@ done:
     return rc;
 }
 
+/* Drop a candidate of the passes: its plan, its info and its graph. */
+static void drop_candidate(PyObject **plan, PyObject **info, mf_gbuf *g)
+{
+    Py_CLEAR(*plan);
+    Py_CLEAR(*info);
+    mf_gbuf_free(g);
+}
+
 /* One step of the passes on cur (cheap flags ch) and its plan: the search
  * (focus NULL) or one focused split (NOTE [focused splits]); 1 with *g2,
  * *info and *plan2 set where the copies' plan has a lower peak, else 0
@@ -297,9 +305,7 @@ static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long 
     if ((*plan2 = mf_py_run_plan(g2, pa)) && dict_ll(*plan2, "peak_bytes") < dict_ll(plan, "peak_bytes") &&
         !PyErr_Occurred())
         return 1;
-    Py_CLEAR(*plan2);
-    Py_CLEAR(*info);
-    mf_gbuf_free(g2);
+    drop_candidate(plan2, info, g2);
     return PyErr_Occurred() ? -1 : 0;
 }
 
@@ -339,27 +345,19 @@ static PyObject *passes_from(mf_gbuf *b, const uint8_t *cheap, long long budget,
                 mf_gbuf g3;
                 int r3 = pass_step(cur, ch, plan, budget, pa, f, &g3, &i3, &p3);
                 if (r3 < 0) {
-                    if (got) {
-                        Py_DECREF(plan2);
-                        Py_CLEAR(info);
-                        mf_gbuf_free(&g2);
-                    }
+                    if (got)
+                        drop_candidate(&plan2, &info, &g2);
                     got = -1;
                     break;
                 }
                 if (r3 == 0)
                     continue;
                 if (got && dict_ll(p3, "peak_bytes") >= dict_ll(plan2, "peak_bytes")) {
-                    Py_DECREF(p3);
-                    Py_DECREF(i3);
-                    mf_gbuf_free(&g3);
+                    drop_candidate(&p3, &i3, &g3);
                     continue;
                 }
-                if (got) {
-                    Py_DECREF(plan2);
-                    Py_DECREF(info);
-                    mf_gbuf_free(&g2);
-                }
+                if (got)
+                    drop_candidate(&plan2, &info, &g2);
                 plan2 = p3;
                 info = i3;
                 g2 = g3;
