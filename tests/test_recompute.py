@@ -206,6 +206,35 @@ def test_a_split_the_unfused_search_cannot_score_is_found_at_the_fused_peak():
     assert "recompute" not in _C.plan(ops, vb, fuse=True, recompute=vb[4] - 1, cheap=cheap, **kw)
 
 
+def test_a_kept_plan_is_never_above_the_full_plan_of_its_graph():
+    """csrc/python/remat.c NOTE [recomputation passes]: whatever the passes keep (searches from two
+    starts, focused tries planned with a tenth of the DP states and the best planned again in full),
+    the returned plan is one of the graph with the copies, as the reference simulator scores it, and
+    its peak is at most what planning that graph again with the caller's budget gives.  A small state
+    budget stands in for a large graph; some graphs must keep copies, or nothing was checked."""
+    kept = 0
+    for seed in range(80):
+        rng = random.Random(seed)
+        ops, vb, outs, cheap = _random_graph(rng, rng.randrange(20, 50))
+        fus = [rng.random() < 0.8 for _ in ops]
+        kw = dict(graph_inputs=[0], graph_outputs=outs, fusible=fus, max_states=60)
+        plain = _C.plan(ops, vb, **kw)
+        got = _C.plan(ops, vb, recompute=sum(vb), cheap=cheap, **kw)
+        assert got["peak_bytes"] <= plain["peak_bytes"], seed
+        if "recompute" not in got:
+            continue
+        kept += 1
+        g = got["recompute"]["graph"]
+        again = _C.plan(g["ops"], g["value_bytes"], graph_inputs=g["graph_inputs"],
+                        graph_outputs=g["graph_outputs"], aliases=g["aliases"], fusible=g["fusible"],
+                        max_states=60)
+        assert got["peak_bytes"] <= again["peak_bytes"], seed
+        sim = _C.simulate(g["ops"], g["value_bytes"], got["order"], groups=got["groups"],
+                          graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], fusible=g["fusible"])
+        assert sim[0] == got["peak_bytes"], seed
+    assert kept >= 10
+
+
 def test_recompute_is_off_without_a_budget_or_cheap_ops():
     ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([1, 4], [5])]
     vb = [4, 8, 4, 16, 1, 4]

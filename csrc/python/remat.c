@@ -147,8 +147,10 @@ done:
  * so the result names ops and values of b.  Hoists (csrc/core/mf_hoist.c NOTE
  * [hoists]) change the first plan's order, and the search from another order
  * ends elsewhere; so where the first plan kept hoists, the passes also start
- * from the plan without them, and the lower final peak wins (the plan with
- * hoists on a tie).  *used receives the graph the
+ * from the plan without them, and the lower peak wins (the plan with hoists
+ * on a tie).  Where regions are formed, the focused passes (NOTE [focused
+ * splits] below) then run on the winner alone: the other start would try
+ * the same group at the fused peak again.  *used receives the graph the
  * returned plan is for when that is one with copies (else it stays empty);
  * the caller frees it. */
 #define MF_RECOMPUTE_PASSES 3
@@ -280,184 +282,242 @@ done:
     return rc;
 }
 
-/* Drop a candidate of the passes: its plan, its info and its graph. */
-static void drop_candidate(PyObject **plan, PyObject **info, mf_gbuf *g)
+/* Where the passes stand: the last kept plan (of b, or of `used` once copies
+ * are kept), what the kept copies are (info in terms of b: origins, splits,
+ * copied bytes; NULL while none) and the graph with them (empty while none). */
+typedef struct pass_state {
+    PyObject *plan, *info;
+    mf_gbuf used;
+} pass_state;
+
+static void state_clear(pass_state *s)
 {
-    Py_CLEAR(*plan);
-    Py_CLEAR(*info);
-    mf_gbuf_free(g);
+    Py_CLEAR(s->plan);
+    Py_CLEAR(s->info);
+    mf_gbuf_free(&s->used);
+    mf_py_gbuf_init(&s->used);
 }
 
-/* One step of the passes on cur (cheap flags ch) and its plan: the search
- * (focus NULL) or one focused split (NOTE [focused splits]); 1 with *g2,
- * *info and *plan2 set where the copies' plan has a lower peak, else 0
- * (nothing set), -1 on error. */
-static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long budget, const mf_py_plan_args *pa,
-                     const int32_t *focus, mf_gbuf *g2, PyObject **info, PyObject **plan2)
+/* One step's outcome: a graph with copies, what they are (relative to the
+ * graph they were made on) and its plan. */
+typedef struct step_out {
+    PyObject *plan, *info;
+    mf_gbuf g;
+} step_out;
+
+static void step_clear(step_out *o)
 {
-    *plan2 = NULL;
-    if (mf_py_recompute(cur, ch, plan, budget, focus, g2, info) < 0)
+    Py_CLEAR(o->plan);
+    Py_CLEAR(o->info);
+    mf_gbuf_free(&o->g);
+    mf_py_gbuf_init(&o->g);
+}
+
+/* One step on cur (cheap flags ch) and its plan: the search (focus NULL) or
+ * one focused split (NOTE [focused splits]), the copies' graph planned with
+ * pa; 1 with *o set where that plan's peak is lower, else 0 (o empty), -1 on
+ * error. */
+static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long budget, const mf_py_plan_args *pa,
+                     const int32_t *focus, step_out *o)
+{
+    o->plan = NULL;
+    if (mf_py_recompute(cur, ch, plan, budget, focus, &o->g, &o->info) < 0)
         return -1;
-    if (!*info) {
-        mf_gbuf_free(g2);
+    if (!o->info) {
+        mf_gbuf_free(&o->g);
+        mf_py_gbuf_init(&o->g);
         return 0;
     }
-    if ((*plan2 = mf_py_run_plan(g2, pa)) && dict_ll(*plan2, "peak_bytes") < dict_ll(plan, "peak_bytes") &&
+    if ((o->plan = mf_py_run_plan(&o->g, pa)) && dict_ll(o->plan, "peak_bytes") < dict_ll(plan, "peak_bytes") &&
         !PyErr_Occurred())
         return 1;
-    drop_candidate(plan2, info, g2);
+    step_clear(o);
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* NOTE [focused splits] in the binding: where regions are formed, a pass
- * whose search keeps nothing tries the focused splits of the plan's fused
- * peak group instead, the MF_FOCUS_TRIES largest one by one, and keeps the
- * lowest plan; at most MF_FOCUS_PASSES such passes. */
+/* NOTE [focused splits] in the binding: where regions are formed, once the
+ * searches keep nothing, the plan's first group at the fused peak offers the
+ * MF_FOCUS_TRIES largest focused splits, one graph each.  A try only ranks a
+ * candidate, so each is planned with 1/MF_FOCUS_STATE_SHARE of the plan's
+ * DP states (NOTE [state budget]: the short windows and pieces find the same
+ * orders on these graphs; what differs is the long windows' last few
+ * bytes); the lowest below the current plan is planned again with the full
+ * budget and the lower of its two plans kept.  At most MF_FOCUS_PASSES such
+ * passes, each from the plan the last one kept. */
 #define MF_FOCUS_TRIES 4
 #define MF_FOCUS_PASSES 3
+#define MF_FOCUS_STATE_SHARE 10
 
-/* The passes from `plan` (a plan of b, stolen): the last kept plan, with *kept_out (a new
- * reference, NULL when no copies were kept) and *used (the graph of the last kept plan, empty
- * when none). */
-static PyObject *passes_from(mf_gbuf *b, const uint8_t *cheap, long long budget, const mf_py_plan_args *pa,
-                             int passes, PyObject *plan, mf_gbuf *used, PyObject **kept_out)
+/* One focused pass on cur: 1 with *o set (the best try, planned in full), 0
+ * when no try lowers the peak, -1 on error. */
+static int focused_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long budget,
+                        const mf_py_plan_args *pa, step_out *o)
 {
-    PyObject *info = NULL, *kept_info = NULL;
-    uint8_t *cheap_cur = NULL;
-    const uint8_t *ch = cheap;
-    mf_gbuf *cur = b;
-    int pass, focused = 0;
-    mf_py_gbuf_init(used);
-    *kept_out = NULL;
-    for (pass = 0; pass < passes + MF_FOCUS_PASSES && budget > 0; pass++) {
-        PyObject *plan2 = NULL;
-        mf_gbuf g2;
-        int got = 0;
-        if (pass < passes && !focused)
-            got = pass_step(cur, ch, plan, budget, pa, NULL, &g2, &info, &plan2);
-        if (got == 0 && pa->fuse && focused < MF_FOCUS_PASSES) {
-            int32_t f[3];
-            focused++;
-            if (fused_peak_group(cur, plan, &f[0], &f[1]) < 0)
-                goto fail;
-            for (f[2] = 0; f[2] < MF_FOCUS_TRIES && f[1] > f[0]; f[2]++) {
-                PyObject *p3, *i3;
-                mf_gbuf g3;
-                int r3 = pass_step(cur, ch, plan, budget, pa, f, &g3, &i3, &p3);
-                if (r3 < 0) {
-                    if (got)
-                        drop_candidate(&plan2, &info, &g2);
-                    got = -1;
-                    break;
-                }
-                if (r3 == 0)
-                    continue;
-                if (got && dict_ll(p3, "peak_bytes") >= dict_ll(plan2, "peak_bytes")) {
-                    drop_candidate(&p3, &i3, &g3);
-                    continue;
-                }
-                if (got)
-                    drop_candidate(&plan2, &info, &g2);
-                plan2 = p3;
-                info = i3;
-                g2 = g3;
-                got = 1;
-            }
+    mf_py_plan_args quick = *pa;
+    int32_t f[3];
+    int got = 0;
+    PyObject *full;
+    quick.max_states = (pa->max_states > 0 ? pa->max_states : MF_DEFAULT_MAX_STATES) / MF_FOCUS_STATE_SHARE;
+    if (quick.max_states < 1)
+        quick.max_states = 1;
+    mf_py_gbuf_init(&o->g);
+    o->plan = o->info = NULL;
+    if (fused_peak_group(cur, plan, &f[0], &f[1]) < 0)
+        return -1;
+    for (f[2] = 0; f[2] < MF_FOCUS_TRIES && f[1] > f[0]; f[2]++) {
+        step_out t;
+        int r = pass_step(cur, ch, plan, budget, &quick, f, &t);
+        if (r < 0) {
+            step_clear(o);
+            return -1;
         }
-        if (got < 0)
-            goto fail;
-        if (got == 0)
-            break;
-        budget -= dict_ll(info, "copied_bytes");
-        {
-            uint8_t *c2 = cheap_of_copies(info, ch, cur->n_ops);
-            if (!c2 || (kept_info && compose_info(info, kept_info) < 0)) {
-                PyMem_RawFree(c2);
-                Py_DECREF(plan2);
-                mf_gbuf_free(&g2);
-                goto fail;
-            }
-            PyMem_RawFree(cheap_cur);
-            ch = cheap_cur = c2;
+        if (r == 0)
+            continue;
+        if (got && dict_ll(t.plan, "peak_bytes") >= dict_ll(o->plan, "peak_bytes")) {
+            step_clear(&t);
+            continue;
         }
-        Py_XDECREF(kept_info);
-        kept_info = info;
-        info = NULL;
-        Py_DECREF(plan);
-        plan = plan2;
-        if (cur != b)
-            mf_gbuf_free(cur);
-        *used = g2;
-        cur = used;
+        step_clear(o);
+        *o = t;
+        got = 1;
     }
-    PyMem_RawFree(cheap_cur);
-    *kept_out = kept_info;
-    return plan;
-fail:
-    PyMem_RawFree(cheap_cur);
-    Py_XDECREF(info);
-    Py_XDECREF(kept_info);
-    Py_DECREF(plan);
-    mf_gbuf_free(used);
-    mf_py_gbuf_init(used);
-    return NULL;
+    if (!got)
+        return 0;
+    if (!(full = mf_py_run_plan(&o->g, pa))) {
+        step_clear(o);
+        return -1;
+    }
+    if (dict_ll(full, "peak_bytes") <= dict_ll(o->plan, "peak_bytes")) {
+        Py_DECREF(o->plan);
+        o->plan = full;
+    } else {
+        Py_DECREF(full);
+    }
+    return 1;
 }
 
+/* Keep step o on the state: its info composed onto the state's, its graph
+ * and plan the state's.  o is emptied.  0 or -1. */
+static int keep_step(pass_state *s, step_out *o)
+{
+    if (s->info && compose_info(o->info, s->info) < 0)
+        return -1;
+    Py_XDECREF(s->info);
+    s->info = o->info;
+    o->info = NULL;
+    Py_DECREF(s->plan);
+    s->plan = o->plan;
+    o->plan = NULL;
+    mf_gbuf_free(&s->used);
+    s->used = o->g;
+    mf_py_gbuf_init(&o->g);
+    return 0;
+}
+
+/* The passes on s (a plan of b, maybe with copies kept already): up to
+ * `passes` searches, then (where regions are formed) up to `focus` focused
+ * passes, while the planned peak falls.  0 or -1 (s is left as it stood
+ * after the last kept step; the caller clears it). */
+static int passes_on(mf_gbuf *b, const uint8_t *cheap, long long budget, const mf_py_plan_args *pa, int passes,
+                     int focus, pass_state *s)
+{
+    uint8_t *ch_own = NULL;
+    int pass, rc = -1;
+    for (pass = 0; pass < passes + focus; pass++) {
+        const uint8_t *ch = cheap;
+        mf_gbuf *cur = s->info ? &s->used : b;
+        long long left = budget - (s->info ? dict_ll(s->info, "copied_bytes") : 0);
+        step_out o;
+        int got;
+        if (left <= 0 || (pass >= passes && !pa->fuse))
+            break;
+        PyMem_RawFree(ch_own);
+        ch_own = NULL;
+        if (s->info && !(ch = ch_own = cheap_of_copies(s->info, cheap, b->n_ops)))
+            goto done;
+        if (pass < passes)
+            got = pass_step(cur, ch, s->plan, left, pa, NULL, &o);
+        else
+            got = focused_step(cur, ch, s->plan, left, pa, &o);
+        if (got < 0)
+            goto done;
+        if (got == 0) {
+            if (pass < passes) { /* the search keeps nothing: on to the focused passes */
+                pass = passes - 1;
+                continue;
+            }
+            break;
+        }
+        if (keep_step(s, &o) < 0) {
+            step_clear(&o);
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    PyMem_RawFree(ch_own);
+    return rc;
+}
+
+/* NOTE [recomputation passes]: the searches from each start, the focused
+ * passes from the better one's last plan. */
 PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget,
                                     const mf_py_plan_args *pa, int passes, mf_gbuf *used)
 {
-    PyObject *first, *plan, *kept_info = NULL, *graph = NULL;
+    PyObject *first, *graph = NULL, *plan;
     mf_py_plan_args nh = *pa;
-    mf_gbuf used2;
+    pass_state s, s2;
+    s.plan = s.info = s2.plan = s2.info = NULL;
     mf_py_gbuf_init(used);
+    mf_py_gbuf_init(&s.used);
+    mf_py_gbuf_init(&s2.used);
     first = mf_py_run_plan(b, pa);
     if (!first || budget <= 0 || !cheap)
         return first;
     if (passes <= 0)
         passes = MF_RECOMPUTE_PASSES;
     Py_INCREF(first);
-    if (!(plan = passes_from(b, cheap, budget, pa, passes, first, used, &kept_info)))
+    s.plan = first;
+    if (passes_on(b, cheap, budget, pa, passes, 0, &s) < 0)
         goto fail;
     nh.hoists = 0;
     if (pa->hoists && dict_ll(first, "hoists") > 0) { /* the second start: the plan without hoists */
-        PyObject *start = mf_py_run_plan(b, &nh), *plan2, *info2 = NULL;
-        if (!start)
+        if (!(s2.plan = mf_py_run_plan(b, &nh)) || passes_on(b, cheap, budget, pa, passes, 0, &s2) < 0)
             goto fail;
-        if (!(plan2 = passes_from(b, cheap, budget, pa, passes, start, &used2, &info2)))
-            goto fail;
-        if (dict_ll(plan2, "peak_bytes") < dict_ll(plan, "peak_bytes")) {
-            Py_DECREF(plan);
-            Py_XDECREF(kept_info);
-            mf_gbuf_free(used);
-            plan = plan2;
-            kept_info = info2;
-            *used = used2;
-        } else {
-            Py_DECREF(plan2);
-            Py_XDECREF(info2);
-            mf_gbuf_free(&used2);
+        if (dict_ll(s2.plan, "peak_bytes") < dict_ll(s.plan, "peak_bytes")) {
+            pass_state t = s;
+            s = s2;
+            s2 = t;
         }
+        state_clear(&s2);
     }
-    if (!kept_info) {
+    if (passes_on(b, cheap, budget, pa, 0, MF_FOCUS_PASSES, &s) < 0)
+        goto fail;
+    if (!s.info) {
         Py_DECREF(first);
+        plan = s.plan;
+        s.plan = NULL;
+        state_clear(&s);
         return plan;
     }
-    if (!(graph = mf_gbuf_to_dict(used)) || PyDict_SetItemString(kept_info, "graph", graph) < 0 ||
-        PyDict_SetItemString(plan, "recompute", kept_info) < 0 ||
-        PyDict_SetItemString(plan, "peak_bytes_without_recompute", PyDict_GetItemString(first, "peak_bytes")) < 0 ||
+    if (!(graph = mf_gbuf_to_dict(&s.used)) || PyDict_SetItemString(s.info, "graph", graph) < 0 ||
+        PyDict_SetItemString(s.plan, "recompute", s.info) < 0 ||
+        PyDict_SetItemString(s.plan, "peak_bytes_without_recompute", PyDict_GetItemString(first, "peak_bytes")) < 0 ||
         /* "baseline" stays the input order of the graph as given, without copies */
-        PyDict_SetItemString(plan, "baseline_peak_bytes", PyDict_GetItemString(first, "baseline_peak_bytes")) < 0)
+        PyDict_SetItemString(s.plan, "baseline_peak_bytes", PyDict_GetItemString(first, "baseline_peak_bytes")) < 0)
         goto fail;
     Py_DECREF(graph);
-    Py_DECREF(kept_info);
     Py_DECREF(first);
+    plan = s.plan;
+    *used = s.used;
+    s.plan = NULL;
+    mf_py_gbuf_init(&s.used);
+    state_clear(&s);
     return plan;
 fail:
     Py_XDECREF(graph);
-    Py_XDECREF(kept_info);
-    Py_XDECREF(plan);
+    state_clear(&s);
+    state_clear(&s2);
     Py_DECREF(first);
-    mf_gbuf_free(used);
-    mf_py_gbuf_init(used);
     return NULL;
 }
