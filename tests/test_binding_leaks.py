@@ -54,3 +54,17 @@ def test_plan_trace_does_not_leak():
     jf(torch.randn(8, 8), torch.randn(8, 8))
     bsyms = list(thunder.last_traces(jf)[-1].bound_symbols)
     assert _growth(lambda: _thunder.plan_trace(bsyms), 3000) < 1 << 20
+
+
+def test_recomputation_passes_do_not_leak():
+    """csrc/python/remat.c: the searches, the focused tries (one kept here: the graph of
+    tests/test_recompute.py's focused-split test) and the plans they drop."""
+    from thunder_memfuse import _C
+
+    vb = [1, 20, 1, 4, 4, 1, 1, 1, 1]
+    ops = [([0], [1]), ([1], [2]), ([2], [3]), ([3], [4]), ([4], [5]), ([5], [6]), ([6], [7]), ([3, 4, 7], [8])]
+    kw = dict(graph_inputs=[0], graph_outputs=[8], fusible=[True, True, True, True, True, False, False, True],
+              cheap=[0, 0, 0, 1, 0, 0, 0, 0], fuse=True)
+    assert _C.plan(ops, vb, recompute=100, **kw)["recompute"]["splits"] == 1
+    # a leak of one graph with copies (a few hundred bytes) per call would be over 1 MiB here
+    assert _growth(lambda: _C.plan(ops, vb, recompute=100, **kw), 5000) < 1 << 20
