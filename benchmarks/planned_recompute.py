@@ -1,12 +1,18 @@
 """Planned backward peaks of the checkpointed workloads with and without recomputation (CPU).
 
     python benchmarks/planned_recompute.py [--only nanogpt,gpt2,llama] [--torchcompile] [--live N]
+    python benchmarks/planned_recompute.py --shares 0,0.05,0.1,0.25 [--only ...] [--torchcompile]
 
 One training step of each checkpointed workload (benchmarks/workloads.py, full size) under
 thunder.jit(..., transforms=[MemFuse(recompute="auto")]), then report(jfn)["backward"]: the planned peak
 with the copies, the planned peak without them, how many ops run twice, the pass's own time, and
 (--live N) the N largest storages live at the planned peak.  Planned peaks depend on the trace only,
 not on the machine's load; the pass's time does.
+
+--shares: the budget's effect instead.  The backward's bound symbols are caught on their way into
+_thunder.plan_trace during that step and planned again with each share of the bytes its ops write
+(MemFuse(recompute=share) gives that budget; the default is _recompute.DEFAULT_SHARE): the planned
+peak, the bytes the copies write, the splits and the groups (regions and single ops) of each plan.
 """
 from __future__ import annotations
 
@@ -22,7 +28,10 @@ def main(argv=None):
     ap.add_argument("--only", default="nanogpt,gpt2,llama")
     ap.add_argument("--torchcompile", action="store_true", help='executors=["torchcompile"]')
     ap.add_argument("--live", type=int, default=0)
+    ap.add_argument("--shares", help="comma-separated budget shares to plan the backward with")
     args = ap.parse_args(argv)
+    if args.shares:
+        return shares(args)
 
     import thunder
 
@@ -47,6 +56,41 @@ def main(argv=None):
               f"{rc.get('copied_ops', 0)} | {r['plan_ms']:.0f} |", flush=True)
         for n, b, where in r["largest_live_at_peak"][: args.live]:
             print(f"    live at peak: {n} {b / 2**20:.2f} MiB ({where})")
+
+
+def shares(args):
+    import time
+
+    import thunder
+
+    import workloads
+    from thunder_memfuse import MemFuse, _recompute, _thunder
+
+    ex = {"executors": ["torchcompile"]} if args.torchcompile else {}
+    print("| workload | budget share | planned backward peak MiB | copies write MiB | splits | groups | plan ms |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.only.split(","):
+        calls, orig = [], _thunder.plan_trace
+
+        def spy(bsyms, **kw):
+            calls.append((list(bsyms), dict(kw)))
+            return orig(bsyms, **kw)
+
+        _thunder.plan_trace = spy
+        try:
+            w = getattr(workloads, name)(checkpoint=True)
+            w.step(thunder.jit(w.fn, transforms=[MemFuse(recompute="auto")], **ex))()
+        finally:
+            _thunder.plan_trace = orig
+        bsyms, kw = calls[-1]  # the backward comes last
+        for share in (float(x) for x in args.shares.split(",")):
+            t = time.perf_counter()
+            r = orig(bsyms, **dict(kw, recompute=_recompute.budget_bytes(bsyms, share)))
+            ms = (time.perf_counter() - t) * 1e3
+            rc = r["plan"].get("recompute") or {}
+            print(f"| {w.name} | {share:g} | {r['plan']['peak_bytes'] / 2**20:.2f} | "
+                  f"{rc.get('copied_bytes', 0) / 2**20:.2f} | {rc.get('splits', 0)} | {len(r['plan']['groups'])} | "
+                  f"{ms:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -257,6 +257,25 @@ def test_recompute_is_off_without_a_budget_or_cheap_ops():
         _C.plan(ops, vb, recompute=-1, cheap=[1] * 5, **kw)
 
 
+def test_a_share_of_one_is_a_share_not_the_default():
+    """MemFuse(recompute=1) and recompute=1.0 ask for copies writing as much as the trace's ops: they
+    equal True, and once fell through to the default share."""
+    def f(x):
+        return (x * 2).sin() + x
+
+    jf = thunder.jit(f)
+    jf(torch.randn(64, 64))
+    bsyms = thunder.last_traces(jf)[-1].bound_symbols
+    auto = _recompute.budget_bytes(bsyms, "auto")
+    assert auto > 0 and _recompute.budget_bytes(bsyms, True) == auto
+    for one in (1, 1.0):
+        assert MemFuse(recompute=one).recompute == 1.0 and type(MemFuse(recompute=one).recompute) is float
+        assert _recompute.budget_bytes(bsyms, MemFuse(recompute=one).recompute) >= 3 * auto  # the default is 0.25
+    assert _recompute.budget_bytes(bsyms, MemFuse(recompute=False).recompute) == 0
+    with pytest.raises(ValueError, match="recompute must be"):
+        MemFuse(recompute=0)
+
+
 # ---------------------------------------------------------------- Thunder traces
 
 def test_random_ops_in_place_writes_and_effects_are_never_copied():

@@ -78,7 +78,8 @@ def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallb
 
 def check_recompute(recompute):
     """recompute: "auto", True, False, or a share (a float > 0) of the bytes a trace's ops write."""
-    if recompute in (True, False, "auto"):
+    # identity, not equality: 1 and 1.0 equal True, and are shares
+    if recompute is True or recompute is False or (isinstance(recompute, str) and recompute == "auto"):
         return recompute
     if isinstance(recompute, (int, float)) and not isinstance(recompute, bool) and recompute > 0:
         return float(recompute)

@@ -89,7 +89,7 @@ def budget_bytes(bsyms, setting) -> int:
     """The bytes the copies of one trace may write: a share of what its ops write."""
     if setting is False or setting is None:
         return 0
-    share = DEFAULT_SHARE if setting in (True, "auto") else float(setting)
+    share = DEFAULT_SHARE if setting is True or (isinstance(setting, str) and setting == "auto") else float(setting)
     total = 0
     for b in bsyms:
         for o in b.flat_proxy_outs:
