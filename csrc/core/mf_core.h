@@ -157,10 +157,14 @@ typedef struct mf_plan_options {
                           * it to reach the large-piece paths on small graphs. */
     int no_comm_overlap; /* 1: leave collectives and waits where the plan put them */
     int no_hoists;       /* 1: no NOTE [hoists] (mf_hoist.c) */
+    int64_t max_refine;  /* window positions the fusion-aware moves evaluate, each of the
+                          * (up to three) times they run (mf_fuse.c NOTE [fusion-aware
+                          * moves]); <= 0: MF_DEFAULT_REFINE_POSITIONS */
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000
 #define MF_DEFAULT_DP_BYTES ((int64_t)256 << 20)
+#define MF_DEFAULT_REFINE_POSITIONS 300000
 
 /* NOTE [group kinds]: what the planner made of each group, so that no
  * caller has to work it out again from the graph:

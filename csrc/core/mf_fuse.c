@@ -360,8 +360,10 @@ void mf_fuse_kinds(const mf_pg *pg, const int32_t *order, const int32_t *group_p
 #define MF_REFINE_H 8
 #define MF_REFINE_BLOCK 3 /* longest block of consecutive ops moved as one */
 #define MF_REFINE_MAX_WIN 128
-#define MF_REFINE_BUDGET 300000 /* window positions evaluated, all moves together (bounds the search's time), */
-#define MF_REFINE_PER_OP 256     /* and at most this many per op of the graph (small graphs) */
+/* window positions evaluated, all moves together, bound the search's time:
+ * mf_plan_options.max_refine (MF_DEFAULT_REFINE_POSITIONS), and at most
+ * MF_REFINE_PER_OP per op of the graph (small graphs) */
+#define MF_REFINE_PER_OP 256
 #define MF_REFINE_SCAN 16        /* peak groups whose moves one round compares */
 #define MF_REFINE_MAX_PEAKS 64   /* more groups at the peak than this: stop */
 
@@ -526,7 +528,8 @@ static void splice_groups(refine_st *R, int32_t ga, int32_t gb, int32_t k)
     refine_bounds(R);
 }
 
-int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves_out)
+int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positions, int32_t *order,
+                   int32_t *moves_out)
 {
     refine_st R;
     int32_t n = pg->n, g, k, moves = 0, best_moves = 0, ns1 = pg->ns + 1, W = MF_REFINE_MAX_WIN + 2;
@@ -536,8 +539,10 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, in
     int st;
 
     *moves_out = 0;
-    if (budget > MF_REFINE_BUDGET)
-        budget = MF_REFINE_BUDGET;
+    if (max_positions <= 0)
+        max_positions = MF_DEFAULT_REFINE_POSITIONS;
+    if (budget > max_positions)
+        budget = max_positions;
     for (g = 0; g < n && !pg->fusible[g] && pg->epi[g] < 0; g++)
         ;
     if (g == n) /* no op can join a group: moves could only redo the unfused DPs' work */

@@ -181,7 +181,8 @@ void mf_fuse_kinds(const mf_pg *pg, const int32_t *order, const int32_t *group_p
  * moves of the valid order `order` near the groups at the peak that lower
  * the fused peak.  order is rewritten only when the peak falls; *moves is
  * then the number of moves kept (else 0). */
-int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order, int32_t *moves);
+int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positions, int32_t *order,
+                   int32_t *moves);
 
 /* Hoists (NOTE [hoists] in mf_hoist.c): on the valid order `order`, move a
  * storage's last reader, with its ancestors after the peak step, to just

@@ -586,7 +586,7 @@ static int stage_fusion_moves(plan *R)
         for (pass = c == 2 ? 0 : 1; pass < 2; pass++) { /* pass 0: the order as it is */
             memcpy(ord2, starts[c], sizeof(int32_t) * (size_t)n);
             if (pass == 1) {
-                if ((st = mf_fuse_refine(R->ctx, R->a, &R->pg, ord2, &moves)))
+                if ((st = mf_fuse_refine(R->ctx, R->a, &R->pg, R->opt ? R->opt->max_refine : 0, ord2, &moves)))
                     return st;
                 if (moves == 0)
                     continue;

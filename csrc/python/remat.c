@@ -339,10 +339,11 @@ static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long 
  * searches keep nothing, the plan's first group at the fused peak offers the
  * MF_FOCUS_TRIES largest focused splits, one graph each.  A try only ranks a
  * candidate, so each is planned with 1/MF_FOCUS_STATE_SHARE of the plan's
- * DP states (NOTE [state budget]: the short windows and pieces find the same
- * orders on these graphs; what differs is the long windows' last few
- * bytes); the lowest below the current plan is planned again with the full
- * budget and the lower of its two plans kept.  At most MF_FOCUS_PASSES such
+ * search budgets: its DP states (NOTE [state budget]: the short windows and
+ * pieces find the same orders on these graphs; what differs is the long
+ * windows' last few bytes) and its fusion-aware moves' window positions
+ * (mf_plan_options.max_refine); the lowest below the current plan is planned
+ * again with the full budgets and the lower of its two plans kept.  At most MF_FOCUS_PASSES such
  * passes, each from the plan the last one kept. */
 #define MF_FOCUS_TRIES 4
 #define MF_FOCUS_PASSES 3
@@ -360,6 +361,9 @@ static int focused_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long lo
     quick.max_states = (pa->max_states > 0 ? pa->max_states : MF_DEFAULT_MAX_STATES) / MF_FOCUS_STATE_SHARE;
     if (quick.max_states < 1)
         quick.max_states = 1;
+    quick.max_refine = (pa->max_refine > 0 ? pa->max_refine : MF_DEFAULT_REFINE_POSITIONS) / MF_FOCUS_STATE_SHARE;
+    if (quick.max_refine < 1)
+        quick.max_refine = 1;
     mf_py_gbuf_init(&o->g);
     o->plan = o->info = NULL;
     if (fused_peak_group(cur, plan, &f[0], &f[1]) < 0)
