@@ -56,7 +56,10 @@ typedef struct score {
 
 /* The unfused simulation of w in its order 0..n-1 (NOTE [cost model]);
  * during and live (n entries each, may be NULL) receive each step's memory
- * and the live bytes after it. */
+ * and the live bytes after it.  w is a graph this file or mf_remat_graph.c
+ * made from a checked one, in a valid order by construction, so it is
+ * simulated without mf_simulate's checks of the graph and the order (each
+ * chain candidate is scored this way); MF_STRICT_CHECKS builds check both. */
 static int score_of(mf_ctx *ctx, const mf_wgraph *w, score *sc, int64_t *during, int64_t *live)
 {
     mf_graph_desc d;
@@ -76,7 +79,16 @@ static int score_of(mf_ctx *ctx, const mf_wgraph *w, score *sc, int64_t *during,
     memset(&as_result, 0, sizeof as_result);
     mf_wg_result(w, &as_result);
     mf_remat_result_desc(&as_result, &d);
+#ifdef MF_STRICT_CHECKS
     st = mf_simulate(ctx, &d, order, NULL, w->n, &sc->peak, step, live);
+#else
+    {
+        mf_pg pg;
+        st = mf_pg_build(ctx, &a, &d, &pg);
+        if (st == MF_OK)
+            st = mf_pg_simulate(ctx, &a, &pg, order, NULL, w->n, &sc->peak, step, live);
+    }
+#endif
     if (st == MF_OK) {
         sc->at_peak = 0;
         sc->step = -1;
