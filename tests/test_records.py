@@ -90,3 +90,41 @@ def test_bad_records_are_named():
     # the reader calls nothing back: the old per-symbol callables are not parameters any more
     with pytest.raises(TypeError):
         _C.plan_trace(bsyms, recs, tensor_type=tt, effects=lambda b: 0)
+
+
+def test_the_collector_waits_while_a_trace_is_planned_and_comes_back_after():
+    """_thunder.py NOTE [collector paused]: no cyclic collection runs inside plan_trace or the
+    transform (each would walk every Thunder object alive), the collector is on again after them,
+    also when planning fails, and it stays off after them when the caller had it off."""
+    import gc
+
+    from thunder_memfuse import MemFuse
+
+    def f(x):
+        return (x.sin() * 2).cos() @ x
+
+    seen = []
+    import thunder_memfuse._records as rec_mod  # plan_trace imports records from it at each call
+
+    orig = rec_mod.records
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return orig(*a, **k)
+
+    rec_mod.records = spy
+    try:
+        jf = thunder.jit(f, transforms=[MemFuse(strict=True)])
+        jf(torch.randn(16, 16))
+        assert seen and not any(seen) and gc.isenabled()
+        with pytest.raises(ValueError):
+            _thunder.plan_trace(thunder.last_traces(jf)[-1].bound_symbols, max_states=-1)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            _thunder.plan_trace(thunder.last_traces(jf)[-1].bound_symbols)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        rec_mod.records = orig

@@ -8,7 +8,9 @@ so it follows the installed Thunder.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import math
 
 import thunder.torch as ltorch
@@ -184,6 +186,24 @@ def _fusible_predicate():
     return fusible_bsym
 
 
+# NOTE [collector paused]: reading a trace makes many small objects (records, the
+# predicates' sets, the graph dicts), enough to start the cyclic collector's passes, and
+# each pass walks every object Thunder and the model keep alive (traces, proxies,
+# parameters), which the pass itself never makes garbage of.  A plan of a backward of
+# thousands of ops ran into several.  So the collector waits while memfuse reads and
+# plans one trace; reference counting frees as before, and what cyclic garbage the pass
+# leaves is collected after it.
+@contextlib.contextmanager
+def collector_paused():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_role=None,
                comm_overlap=True, recompute=0):
     """Run the C trace reader and planner on a list of bound symbols.
@@ -207,19 +227,20 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     if epilogue_role is None:
         from .regions.nvrtc import epilogue_role
     bsyms = list(bsyms)
-    recs = records(bsyms, fusible=fusible or _fusible_predicate(), epilogue_role=epilogue_role,
-                   recompute=bool(recompute))
-    return _C.plan_trace(
-        bsyms,
-        recs,
-        # futures are sized like tensors (mf_build.c NOTE [collectives])
-        tensor_type=(TensorProxy, FutureTensorProxy),
-        max_states=max_states,
-        fuse=fuse,
-        freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
-        comm_overlap=comm_overlap,
-        recompute=int(recompute),
-    )
+    with collector_paused():
+        recs = records(bsyms, fusible=fusible or _fusible_predicate(), epilogue_role=epilogue_role,
+                       recompute=bool(recompute))
+        return _C.plan_trace(
+            bsyms,
+            recs,
+            # futures are sized like tensors (mf_build.c NOTE [collectives])
+            tensor_type=(TensorProxy, FutureTensorProxy),
+            max_states=max_states,
+            fuse=fuse,
+            freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
+            comm_overlap=comm_overlap,
+            recompute=int(recompute),
+        )
 
 
 def saved_storages(forward_trace) -> dict:

@@ -201,7 +201,8 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         if _options.disabled():
             return computation_trace
         try:
-            return self._transform(computation_trace)
+            with _thunder.collector_paused():  # _thunder.py NOTE [collector paused]
+                return self._transform(computation_trace)
         except Exception as e:  # never make the user's program wrong: keep the trace
             if self.strict:
                 raise MemFuseError(f"memfuse failed on trace {_trace_name(computation_trace)!r}: {e}") from e
