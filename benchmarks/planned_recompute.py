@@ -61,28 +61,15 @@ def main(argv=None):
 def shares(args):
     import time
 
-    import thunder
-
     import workloads
-    from thunder_memfuse import MemFuse, _recompute, _thunder
+    from thunder_memfuse import _recompute
 
     ex = {"executors": ["torchcompile"]} if args.torchcompile else {}
     print("| workload | budget share | planned backward peak MiB | copies write MiB | splits | groups | plan ms |")
     print("|---|---|---|---|---|---|---|")
     for name in args.only.split(","):
-        calls, orig = [], _thunder.plan_trace
-
-        def spy(bsyms, **kw):
-            calls.append((list(bsyms), dict(kw)))
-            return orig(bsyms, **kw)
-
-        _thunder.plan_trace = spy
-        try:
-            w = getattr(workloads, name)(checkpoint=True)
-            w.step(thunder.jit(w.fn, transforms=[MemFuse(recompute="auto")], **ex))()
-        finally:
-            _thunder.plan_trace = orig
-        bsyms, kw = calls[-1]  # the backward comes last
+        w = getattr(workloads, name)(checkpoint=True)
+        bsyms, kw, orig = workloads.backward_plan_call(w, **ex)
         for share in (float(x) for x in args.shares.split(",")):
             t = time.perf_counter()
             r = orig(bsyms, **dict(kw, recompute=_recompute.budget_bytes(bsyms, share)))

@@ -174,23 +174,10 @@ def bench_synthetic(layers, repeat):
 
 
 def bench_trace(layers, repeat, dim, batch, seq):
-    import thunder
     import workloads
-    from thunder_memfuse import MemFuse, _thunder
 
-    calls, orig = [], _thunder.plan_trace
-
-    def spy(bsyms, **kw):
-        calls.append((list(bsyms), dict(kw)))
-        return orig(bsyms, **kw)
-
-    _thunder.plan_trace = spy
-    try:
-        w = workloads.nanogpt(batch=batch, seq=seq, dim=dim, layers=layers, heads=4, checkpoint=True)
-        w.step(thunder.jit(w.fn, transforms=[MemFuse()]))()
-    finally:
-        _thunder.plan_trace = orig
-    bsyms, kw = calls[-1]  # the backward comes last
+    w = workloads.nanogpt(batch=batch, seq=seq, dim=dim, layers=layers, heads=4, checkpoint=True)
+    bsyms, kw, orig = workloads.backward_plan_call(w)
     kw0 = dict(kw, recompute=0)
     t0, r0 = _timed(lambda: orig(bsyms, **kw0), repeat)
     t1, r1 = _timed(lambda: orig(bsyms, **kw), repeat)

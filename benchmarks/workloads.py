@@ -207,6 +207,28 @@ def gpt2(batch=4, seq=128, dim=256, layers=4, heads=4, vocab=1024, checkpoint=Fa
     return _model_workload(name, model, idx, targets)
 
 
+def backward_plan_call(w, **jit_kwargs):
+    """One step of workload w under thunder.jit(w.fn, transforms=[MemFuse()], **jit_kwargs), with the
+    backward's call of thunder_memfuse._thunder.plan_trace caught on its way in: (its bound symbols,
+    its keyword arguments, the real plan_trace), to plan that backward again."""
+    import thunder
+    from thunder_memfuse import MemFuse, _thunder
+
+    calls, orig = [], _thunder.plan_trace
+
+    def spy(bsyms, **kw):
+        calls.append((list(bsyms), dict(kw)))
+        return orig(bsyms, **kw)
+
+    _thunder.plan_trace = spy
+    try:
+        w.step(thunder.jit(w.fn, transforms=[MemFuse()], **jit_kwargs))()
+    finally:
+        _thunder.plan_trace = orig
+    bsyms, kw = calls[-1]  # the backward comes last
+    return bsyms, kw, orig
+
+
 def seed_workloads(paths=10, size=256, seed=0):
     from thunder_memfuse.seed import FUNCTIONS
 
