@@ -183,7 +183,7 @@ def test_the_search_runs_again_on_the_order_planned_with_its_copies():
 
 
 def test_a_split_the_unfused_search_cannot_score_is_found_at_the_fused_peak():
-    """csrc/core/mf_remat.c NOTE [focused splits]: the unfused peak is op 1's step (v1, 20 bytes),
+    """csrc/core/mf_remat_focus.c NOTE [focused splits]: the unfused peak is op 1's step (v1, 20 bytes),
     which no copy lowers, so the search keeps nothing.  With regions the peak is op 5's step, where
     v4 (made by cheap op 3, read by op 4 in the region before and by op 7 at the end) is still
     live; copying op 3 next to op 7, where the copy and op 7 form one region, lowers the fused peak.

@@ -253,7 +253,7 @@ void mf_plan_result_free(mf_ctx *ctx, mf_plan_result *r);
 typedef struct mf_remat_options {
     int64_t budget_bytes;
     int32_t max_rounds;  /* greedy rounds; <= 0: the default */
-    /* NOTE [focused splits] (mf_remat.c): with focus_hi > focus_lo (positions
+    /* NOTE [focused splits] (mf_remat_focus.c): with focus_hi > focus_lo (positions
      * in order: the group at a plan's fused peak), no search: the pick-th
      * largest eligible value made before focus_hi and read both before and
      * after it is split at its first reader after it (n_splits 0: none). */

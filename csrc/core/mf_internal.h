@@ -283,6 +283,13 @@ int mf_roots_build(mf_ctx *ctx, mf_arena *a, const mf_wgraph *w, mf_roots *R);
 /* src with the splits' copies inserted, into out (a fresh graph). */
 int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const mf_split *sp, int32_t n_sp,
                     mf_wgraph *out);
+/* The index among R's readers of root r of its first reader after position s, -1 when none. */
+int32_t mf_first_reader_after(const mf_roots *R, int32_t r, int32_t s);
+/* NOTE [focused splits] (mf_remat_focus.c): with opt->focus_hi > focus_lo, the focus_pick-th
+ * largest eligible value made before focus_hi and read before and after it is split at its first
+ * reader after it, within budget (*used, *n_used updated; nothing when there is none). */
+int mf_focused_split(mf_ctx *ctx, mf_wgraph *cur, const mf_remat_options *opt, int64_t budget, int64_t *used,
+                     int32_t *n_used);
 /* A view chain deeper than this (value, its base, ...) is an error of the move. */
 #define MF_REMAT_MAX_CHAIN 64
 

@@ -527,15 +527,6 @@ static int build_kept(mf_ctx *ctx, const iscore *I, const mf_split *sp, int32_t 
 
 /* ---- search ---- */
 
-static int32_t first_reader_after(const mf_roots *R, int32_t r, int32_t s)
-{
-    int32_t q, m = R->rd_ptr[r + 1] - R->rd_ptr[r];
-    for (q = 0; q < m; q++)
-        if (R->rd[R->rd_ptr[r] + q] > s)
-            return q;
-    return -1;
-}
-
 static int reads_root(const mf_wgraph *w, const mf_roots *R, int32_t op, int32_t r)
 {
     int32_t j;
@@ -655,7 +646,7 @@ static int search_greedy(mf_ctx *ctx, mf_wgraph *cur, iscore *I, int64_t budget,
             int alone_gains;
             if (!R->ok[r] || p >= s || R->last[r] <= s || reads_root(cur, R, s, r))
                 continue;
-            if ((k = first_reader_after(R, r, s)) < 1)
+            if ((k = mf_first_reader_after(R, r, s)) < 1)
                 continue;
             n_ch = chain_of(cur, R, r, R->rd[R->rd_ptr[r] + k], chain);
             /* the split alone, and with its chain (NOTE [chain splits]) */
@@ -710,65 +701,6 @@ static int search_greedy(mf_ctx *ctx, mf_wgraph *cur, iscore *I, int64_t budget,
     return st;
 }
 
-/*
- * NOTE [focused splits]  The search scores the unfused model, but where
- * regions run as kernels the plan's peak is its fused one, which may sit
- * where the unfused model has slack: a region that makes a cheap value (the
- * half of the GELU input that the weight gradient's recomputed GELU reads
- * again, say) and hands it to a reader far after the region counts it in the
- * region's cost, while the unfused peak is elsewhere and no split there
- * lowers it.  So the binding (csrc/python/remat.c) also asks for single
- * splits at the group at the fused peak [lo, hi): values made by a cheap op
- * before hi (in the group or before it), eligible as in NOTE
- * [recomputation], with a reader before hi and one after, largest first; the
- * pick-th is split at its first reader after the group, so it no longer
- * leaves the group (or stays live across it).  Nothing is scored here: the
- * caller plans the graph with the copy and keeps it only if the fused peak
- * falls.
- */
-static int focused_split(mf_ctx *ctx, mf_wgraph *cur, const mf_remat_options *opt, int64_t budget, int64_t *used,
-                         int32_t *n_used)
-{
-    mf_arena a = {NULL};
-    mf_roots R;
-    mf_split sp;
-    mf_wgraph next;
-    int32_t r, hi = opt->focus_hi, rank, pick = -1, k;
-    int st;
-    if ((st = mf_roots_build(ctx, &a, cur, &R)))
-        goto done;
-    /* the pick-th largest candidate (ties by id): count those above each */
-    for (r = 0; r < cur->nv && pick < 0; r++) {
-        int32_t x;
-        if (!R.ok[r] || R.prod[r] >= hi || first_reader_after(&R, r, hi - 1) < 1 || *used + cur->bytes[r] > budget)
-            continue;
-        for (x = 0, rank = 0; x < cur->nv; x++)
-            if (x != r && R.ok[x] && R.prod[x] < hi && first_reader_after(&R, x, hi - 1) >= 1 &&
-                *used + cur->bytes[x] <= budget &&
-                (cur->bytes[x] > cur->bytes[r] || (cur->bytes[x] == cur->bytes[r] && x < r)))
-                rank++;
-        if (rank == opt->focus_pick)
-            pick = r;
-    }
-    if (pick < 0)
-        goto done;
-    k = first_reader_after(&R, pick, hi - 1);
-    sp.r = pick;
-    sp.k = k;
-    sp.bytes = cur->bytes[pick];
-    sp.chain = NULL;
-    sp.n_chain = 0;
-    if ((st = mf_apply_splits(ctx, cur, &R, &sp, 1, &next)))
-        goto done;
-    mf_wg_free(ctx, cur);
-    *cur = next;
-    *used += sp.bytes;
-    (*n_used)++;
-done:
-    mf_arena_release(ctx, &a);
-    return st;
-}
-
 int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, const int32_t *order,
                  const mf_remat_options *opt, mf_remat_result *out)
 {
@@ -796,7 +728,7 @@ int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, cons
         goto fail;
     out->start_peak_bytes = sc.peak;
     if (budget > 0 && opt->focus_hi > opt->focus_lo) {
-        if ((st = focused_split(ctx, &cur, opt, budget, &used, &n_used)) ||
+        if ((st = mf_focused_split(ctx, &cur, opt, budget, &used, &n_used)) ||
             (n_used > 0 && (st = score_of(ctx, &cur, &sc, NULL, NULL))))
             goto fail;
     } else if (budget > 0) {

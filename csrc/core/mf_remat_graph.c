@@ -8,6 +8,15 @@
 
 #include <string.h>
 
+int32_t mf_first_reader_after(const mf_roots *R, int32_t r, int32_t s)
+{
+    int32_t q, m = R->rd_ptr[r + 1] - R->rd_ptr[r];
+    for (q = 0; q < m; q++)
+        if (R->rd[R->rd_ptr[r] + q] > s)
+            return q;
+    return -1;
+}
+
 void mf_wg_free(mf_ctx *ctx, mf_wgraph *w)
 {
     mf_arena_release(ctx, &w->arena);

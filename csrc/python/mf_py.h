@@ -37,7 +37,7 @@ typedef struct mf_py_plan_args {
 PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa); /* -> plan dict */
 /* remat.c: recomputation (mf_remat.c NOTE [recomputation]) on b's graph and
  * its plan dict, budget in bytes; focus NULL (the search) or {lo, hi, pick}
- * (mf_remat.c NOTE [focused splits]).  Where copies were made, *out holds the
+ * (mf_remat_focus.c NOTE [focused splits]).  Where copies were made, *out holds the
  * graph with them and *info a dict (origin, value_origin, splits,
  * copied_bytes, searched_peak_bytes, start_peak_bytes, n_values_before); else
  * *info is NULL and *out empty.  0 or -1 (exception); free *out either way. */
