@@ -282,35 +282,22 @@ done:
     return rc;
 }
 
-/* Where the passes stand: the last kept plan (of b, or of `used` once copies
- * are kept), what the kept copies are (info in terms of b: origins, splits,
- * copied bytes; NULL while none) and the graph with them (empty while none). */
-typedef struct pass_state {
-    PyObject *plan, *info;
-    mf_gbuf used;
-} pass_state;
-
-static void state_clear(pass_state *s)
-{
-    Py_CLEAR(s->plan);
-    Py_CLEAR(s->info);
-    mf_gbuf_free(&s->used);
-    mf_py_gbuf_init(&s->used);
-}
-
-/* One step's outcome: a graph with copies, what they are (relative to the
- * graph they were made on) and its plan. */
-typedef struct step_out {
+/* A plan with copies: the plan, what the copies are (info: origins, splits,
+ * copied bytes) and the graph with them.  Two uses: one step's outcome (info
+ * relative to the graph the step ran on), and where the passes stand (the
+ * last kept plan, of b while info is NULL and g empty, info composed in
+ * terms of b). */
+typedef struct with_copies {
     PyObject *plan, *info;
     mf_gbuf g;
-} step_out;
+} with_copies;
 
-static void step_clear(step_out *o)
+static void copies_clear(with_copies *c)
 {
-    Py_CLEAR(o->plan);
-    Py_CLEAR(o->info);
-    mf_gbuf_free(&o->g);
-    mf_py_gbuf_init(&o->g);
+    Py_CLEAR(c->plan);
+    Py_CLEAR(c->info);
+    mf_gbuf_free(&c->g);
+    mf_py_gbuf_init(&c->g);
 }
 
 /* One step on cur (cheap flags ch) and its plan: the search (focus NULL) or
@@ -318,7 +305,7 @@ static void step_clear(step_out *o)
  * pa; 1 with *o set where that plan's peak is lower, else 0 (o empty), -1 on
  * error. */
 static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long budget, const mf_py_plan_args *pa,
-                     const int32_t *focus, step_out *o)
+                     const int32_t *focus, with_copies *o)
 {
     o->plan = NULL;
     if (mf_py_recompute(cur, ch, plan, budget, focus, &o->g, &o->info) < 0)
@@ -331,7 +318,7 @@ static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long 
     if ((o->plan = mf_py_run_plan(&o->g, pa)) && dict_ll(o->plan, "peak_bytes") < dict_ll(plan, "peak_bytes") &&
         !PyErr_Occurred())
         return 1;
-    step_clear(o);
+    copies_clear(o);
     return PyErr_Occurred() ? -1 : 0;
 }
 
@@ -343,52 +330,55 @@ static int pass_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long 
  * pieces find the same orders on these graphs; what differs is the long
  * windows' last few bytes) and its fusion-aware moves' window positions
  * (mf_plan_options.max_refine); the lowest below the current plan is planned
- * again with the full budgets and the lower of its two plans kept.  At most MF_FOCUS_PASSES such
- * passes, each from the plan the last one kept. */
+ * again with the full budgets and the lower of its two plans kept.  At most
+ * MF_FOCUS_PASSES such passes, each from the plan the last one kept. */
 #define MF_FOCUS_TRIES 4
 #define MF_FOCUS_PASSES 3
 #define MF_FOCUS_STATE_SHARE 10
 
+/* A try's share of a search budget (<= 0: the core's default dflt), at least 1. */
+static long long focus_share(long long budget, long long dflt)
+{
+    long long q = (budget > 0 ? budget : dflt) / MF_FOCUS_STATE_SHARE;
+    return q > 0 ? q : 1;
+}
+
 /* One focused pass on cur: 1 with *o set (the best try, planned in full), 0
  * when no try lowers the peak, -1 on error. */
 static int focused_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long long budget,
-                        const mf_py_plan_args *pa, step_out *o)
+                        const mf_py_plan_args *pa, with_copies *o)
 {
     mf_py_plan_args quick = *pa;
     int32_t f[3];
     int got = 0;
     PyObject *full;
-    quick.max_states = (pa->max_states > 0 ? pa->max_states : MF_DEFAULT_MAX_STATES) / MF_FOCUS_STATE_SHARE;
-    if (quick.max_states < 1)
-        quick.max_states = 1;
-    quick.max_refine = (pa->max_refine > 0 ? pa->max_refine : MF_DEFAULT_REFINE_POSITIONS) / MF_FOCUS_STATE_SHARE;
-    if (quick.max_refine < 1)
-        quick.max_refine = 1;
+    quick.max_states = focus_share(pa->max_states, MF_DEFAULT_MAX_STATES);
+    quick.max_refine = focus_share(pa->max_refine, MF_DEFAULT_REFINE_POSITIONS);
     mf_py_gbuf_init(&o->g);
     o->plan = o->info = NULL;
     if (fused_peak_group(cur, plan, &f[0], &f[1]) < 0)
         return -1;
     for (f[2] = 0; f[2] < MF_FOCUS_TRIES && f[1] > f[0]; f[2]++) {
-        step_out t;
+        with_copies t;
         int r = pass_step(cur, ch, plan, budget, &quick, f, &t);
         if (r < 0) {
-            step_clear(o);
+            copies_clear(o);
             return -1;
         }
         if (r == 0)
             continue;
         if (got && dict_ll(t.plan, "peak_bytes") >= dict_ll(o->plan, "peak_bytes")) {
-            step_clear(&t);
+            copies_clear(&t);
             continue;
         }
-        step_clear(o);
+        copies_clear(o);
         *o = t;
         got = 1;
     }
     if (!got)
         return 0;
     if (!(full = mf_py_run_plan(&o->g, pa))) {
-        step_clear(o);
+        copies_clear(o);
         return -1;
     }
     if (dict_ll(full, "peak_bytes") <= dict_ll(o->plan, "peak_bytes")) {
@@ -402,7 +392,7 @@ static int focused_step(mf_gbuf *cur, const uint8_t *ch, PyObject *plan, long lo
 
 /* Keep step o on the state: its info composed onto the state's, its graph
  * and plan the state's.  o is emptied.  0 or -1. */
-static int keep_step(pass_state *s, step_out *o)
+static int keep_step(with_copies *s, with_copies *o)
 {
     if (s->info && compose_info(o->info, s->info) < 0)
         return -1;
@@ -412,8 +402,8 @@ static int keep_step(pass_state *s, step_out *o)
     Py_DECREF(s->plan);
     s->plan = o->plan;
     o->plan = NULL;
-    mf_gbuf_free(&s->used);
-    s->used = o->g;
+    mf_gbuf_free(&s->g);
+    s->g = o->g;
     mf_py_gbuf_init(&o->g);
     return 0;
 }
@@ -423,15 +413,15 @@ static int keep_step(pass_state *s, step_out *o)
  * passes, while the planned peak falls.  0 or -1 (s is left as it stood
  * after the last kept step; the caller clears it). */
 static int passes_on(mf_gbuf *b, const uint8_t *cheap, long long budget, const mf_py_plan_args *pa, int passes,
-                     int focus, pass_state *s)
+                     int focus, with_copies *s)
 {
     uint8_t *ch_own = NULL;
     int pass, rc = -1;
     for (pass = 0; pass < passes + focus; pass++) {
         const uint8_t *ch = cheap;
-        mf_gbuf *cur = s->info ? &s->used : b;
+        mf_gbuf *cur = s->info ? &s->g : b;
         long long left = budget - (s->info ? dict_ll(s->info, "copied_bytes") : 0);
-        step_out o;
+        with_copies o;
         int got;
         if (left <= 0 || (pass >= passes && !pa->fuse))
             break;
@@ -453,7 +443,7 @@ static int passes_on(mf_gbuf *b, const uint8_t *cheap, long long budget, const m
             break;
         }
         if (keep_step(s, &o) < 0) {
-            step_clear(&o);
+            copies_clear(&o);
             goto done;
         }
     }
@@ -470,11 +460,11 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
 {
     PyObject *first, *graph = NULL, *plan;
     mf_py_plan_args nh = *pa;
-    pass_state s, s2;
+    with_copies s, s2;
     s.plan = s.info = s2.plan = s2.info = NULL;
     mf_py_gbuf_init(used);
-    mf_py_gbuf_init(&s.used);
-    mf_py_gbuf_init(&s2.used);
+    mf_py_gbuf_init(&s.g);
+    mf_py_gbuf_init(&s2.g);
     first = mf_py_run_plan(b, pa);
     if (!first || budget <= 0 || !cheap)
         return first;
@@ -489,11 +479,11 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
         if (!(s2.plan = mf_py_run_plan(b, &nh)) || passes_on(b, cheap, budget, pa, passes, 0, &s2) < 0)
             goto fail;
         if (dict_ll(s2.plan, "peak_bytes") < dict_ll(s.plan, "peak_bytes")) {
-            pass_state t = s;
+            with_copies t = s;
             s = s2;
             s2 = t;
         }
-        state_clear(&s2);
+        copies_clear(&s2);
     }
     if (passes_on(b, cheap, budget, pa, 0, MF_FOCUS_PASSES, &s) < 0)
         goto fail;
@@ -501,10 +491,10 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
         Py_DECREF(first);
         plan = s.plan;
         s.plan = NULL;
-        state_clear(&s);
+        copies_clear(&s);
         return plan;
     }
-    if (!(graph = mf_gbuf_to_dict(&s.used)) || PyDict_SetItemString(s.info, "graph", graph) < 0 ||
+    if (!(graph = mf_gbuf_to_dict(&s.g)) || PyDict_SetItemString(s.info, "graph", graph) < 0 ||
         PyDict_SetItemString(s.plan, "recompute", s.info) < 0 ||
         PyDict_SetItemString(s.plan, "peak_bytes_without_recompute", PyDict_GetItemString(first, "peak_bytes")) < 0 ||
         /* "baseline" stays the input order of the graph as given, without copies */
@@ -513,15 +503,15 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     Py_DECREF(graph);
     Py_DECREF(first);
     plan = s.plan;
-    *used = s.used;
+    *used = s.g;
     s.plan = NULL;
-    mf_py_gbuf_init(&s.used);
-    state_clear(&s);
+    mf_py_gbuf_init(&s.g);
+    copies_clear(&s);
     return plan;
 fail:
     Py_XDECREF(graph);
-    state_clear(&s);
-    state_clear(&s2);
+    copies_clear(&s);
+    copies_clear(&s2);
     Py_DECREF(first);
     return NULL;
 }
