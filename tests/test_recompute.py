@@ -17,6 +17,8 @@ from thunder_memfuse import MemFuse, _C
 from thunder_memfuse import _recompute
 from thunder_memfuse.measure import cpu_peak_bytes
 
+from models import checkpointed_mlp, module_step
+
 
 # ---------------------------------------------------------------- small graphs, brute force
 
@@ -312,43 +314,10 @@ def test_random_ops_in_place_writes_and_effects_are_never_copied():
                 assert not _recompute.recomputable(b), b.sym.name
 
 
-def _mlp(d=64, layers=3):
-    torch.manual_seed(0)
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln = torch.nn.LayerNorm(d)
-            self.fc1 = torch.nn.Linear(d, 4 * d)
-            self.fc2 = torch.nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)), approximate="tanh"))
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
-
-        def forward(self, x):
-            for b in self.blocks:
-                x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
-            return x
-
-    return Model()
-
-
 def test_a_checkpointed_mlp_peaks_lower_with_the_same_gradients():
-    model = _mlp()
+    model = checkpointed_mlp()
     x = torch.randn(256, 64)
-
-    def step(jm):
-        out = jm(x)
-        out.sum().backward()
-        res = [out.detach()] + [p.grad.clone() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
-        return res
-
+    step = module_step(model, x)
     plain = thunder.jit(model)
     without = thunder.jit(model, transforms=[MemFuse(strict=True, recompute=False)])
     ours = thunder.jit(model, transforms=[MemFuse(strict=True)])

@@ -45,6 +45,7 @@ def plan(
     comm_overlap: bool = True,
     recompute: int = 0,
     cheap: Sequence[object] | None = None,
+    peak_allowance: int = 0,
 ) -> dict[str, Any]: ...
 def simulate(
     ops: Sequence[tuple[_Ids, _Ids] | Sequence[_Ids]],
@@ -67,6 +68,7 @@ def plan_trace(
     freeable: Any = None,
     comm_overlap: bool = True,
     recompute: int = 0,
+    peak_allowance: int = 0,
 ) -> dict[str, Any]: ...
 def _validate_max_states(max_states: int | None, /) -> int | None: ...
 

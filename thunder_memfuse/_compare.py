@@ -45,6 +45,7 @@ class TraceComparison:
     saved_storages_measured: int | None = None  # backward: distinct storages the forward saved (runtime)
     saved_tensors_measured: int | None = None
     plan_peak: int | None = None    # memfuse's plan of this trace (report()'s peak), above the same start
+    plan_allowance: int | None = None  # the plan's peak allowance (_step.py NOTE [the step's peak]), if any
 
     @property
     def simulated_peak(self) -> int:
@@ -88,6 +89,10 @@ class Comparison:
             if t.plan_peak is not None:
                 if t.plan_peak == t.simulated_peak:
                     line += f"; report() gives the same peak ({t.plan_peak / MIB:.2f} MiB above the start)"
+                elif t.plan_allowance:
+                    line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: this trace was grouped "
+                             f"within its backward's planned peak ({t.plan_allowance / MIB:.2f} MiB), a bound that "
+                             "counts every GEMM's operands in a region to the region's end")
                 else:
                     line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: its plan models a "
                              "region's ops one by one (views of the region's inputs allocate nothing), while "
@@ -256,6 +261,7 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
                 _, (peak, _, live_after) = _schedules(info)
                 start = live_after[0] if info.get("saved_op") and live_after else 0
                 result.traces[kind].plan_peak = info["plan"]["peak_bytes"] - start
+                result.traces[kind].plan_allowance = info.get("peak_allowance")
     except Exception:
         pass
     if not result.traces:

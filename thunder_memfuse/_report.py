@@ -186,7 +186,9 @@ def report(jfn) -> dict:
     unfused_peak_bytes, lower_bound_bytes; regions_before / regions_after (fusion
     regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
     found); comm_moves and collectives (per asynchronous collective, its op
-    position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors; and
+    position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors;
+    peak_allowance_bytes and regions_without_allowance (a training step's forward regrouped with fewer
+    regions within its backward's planned peak, _step.py NOTE [the step's peak]; None otherwise); and
     largest_live_at_peak: [(proxy name, bytes, where)], where names the op that
     made the tensor and, when Thunder recorded it, the user's source line
     ("mul, model.py:42"; for a backward's saved tensor, the forward's line);
@@ -223,6 +225,9 @@ def report(jfn) -> dict:
             "lower_bound_bytes": plan["lower_bound_bytes"],
             "regions_before": info["regions_before"],
             "regions_after": info["regions_after"],
+            # _step.py NOTE [the step's peak]: a forward regrouped within its backward's planned peak
+            "peak_allowance_bytes": info.get("peak_allowance"),
+            "regions_without_allowance": info.get("regions_without_allowance"),
             "ops": info["ops"],
             "optimal": plan["optimal"],
             "method": plan["method"],
@@ -352,6 +357,9 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
             + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
             + (f", {r['hoists']} hoists" if r.get("hoists") else "")
         )
+        if r.get("peak_allowance_bytes") and r.get("regions_without_allowance") is not None:
+            lines.append(f"    regrouped within the backward's planned peak of {r['peak_allowance_bytes'] / 2**20:.2f} "
+                         f"MiB: {r['regions_without_allowance']} -> {r['regions_after']} regions")
         if r.get("replaced_executors"):
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
         rc = r.get("recompute")

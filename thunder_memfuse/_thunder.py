@@ -205,7 +205,7 @@ def collector_paused():
 
 
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_role=None,
-               comm_overlap=True, recompute=0):
+               comm_overlap=True, recompute=0, peak_allowance=0):
     """Run the C trace reader and planner on a list of bound symbols.
 
     fusible(bsym): the region compiler's fusible level (default: the nvrtc
@@ -221,7 +221,10 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     peaks (csrc/core/mf_comm.c NOTE [collective overlap]).
     recompute: the bytes copies of cheap ops may write (csrc/core/mf_remat.c
     NOTE [recomputation]; 0: none); _recompute.emit turns the result's copies
-    into bound symbols.  The records are _records.py's (NOTE [op records])."""
+    into bound symbols.  peak_allowance: a fused peak up to this many bytes costs
+    nothing, so the fewest regions within it are formed (csrc/core/mf_fuse.c NOTE
+    [peak allowance]; transform.py NOTE [the step's peak]).  The records are
+    _records.py's (NOTE [op records])."""
     from ._records import records
 
     if epilogue_role is None:
@@ -240,6 +243,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
             freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
             comm_overlap=comm_overlap,
             recompute=int(recompute),
+            peak_allowance=int(peak_allowance),
         )
 
 

@@ -26,7 +26,7 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _options, _recompute, _thunder, regions
+from . import _C, _options, _recompute, _step, _thunder, regions
 from ._options import LOG
 from .errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
@@ -247,9 +247,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         return self._compiles(compiler, bsyms)
 
     def _transform(self, trace):
-        start = time.perf_counter_ns()
         is_backward = TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
-        bsyms = list(trace.bound_symbols)
         freeable = None
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             # remembered for the backward, which Thunder hands over right after:
@@ -260,16 +258,36 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             freeable = _thunder.backward_freeable(_carry_saved(None), trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
             _carry_saved(None)
+        forward = _step.take_forward(get_compile_data())
+        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable)
+        if TraceTag.AUGMENTED_FORWARD in trace.tags:
+            _step.keep_forward(get_compile_data(), trace, new_trace)
+        elif is_backward and forward is not None:
+            # NOTE [the step's peak] (_step.py): the forward regrouped within the backward's peak
+            _step.regroup_forward(forward, new_trace._memfuse_info["plan"]["peak_bytes"],
+                                  lambda t, allowance: self._plan(t, is_backward=False, freeable=None,
+                                                                  peak_allowance=allowance, recompute=False),
+                                  strict=self.strict)
+        return new_trace
+
+    def _plan(self, trace, *, is_backward, freeable, peak_allowance=0, recompute=None):
+        """trace planned and regrouped: a new trace with its _memfuse_info.  peak_allowance: a
+        fused peak up to it costs nothing (csrc/core/mf_fuse.c NOTE [peak allowance]); recompute:
+        this option's value instead of the instance's."""
+        start = time.perf_counter_ns()
+        bsyms = list(trace.bound_symbols)
         compiler = self._compiler_for(bsyms)
         comp = regions.compiler(compiler)
+        recompute = self.recompute if recompute is None else recompute
         res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms, compiler),
                                   freeable=freeable, fusible=self._fusible_for(bsyms),
                                   epilogue_role=comp.epilogue_role,
                                   comm_overlap=self.comm_overlap,
-                                  recompute=_recompute.budget_bytes(bsyms, self.recompute))
+                                  recompute=_recompute.budget_bytes(bsyms, recompute),
+                                  peak_allowance=peak_allowance)
         res = _recompute.emit(res, trace)
         plan = res["plan"]
-        if plan["peak_bytes"] > plan["baseline_peak_bytes"]:
+        if plan["peak_bytes"] > max(plan["baseline_peak_bytes"], peak_allowance):
             raise MemFuseError("internal: planned order is worse than the input order")
 
         single = regions.base.SINGLE
@@ -300,6 +318,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
             "kernels": compiler,
             "recompute": res.get("recompute"),
+            "peak_allowance": peak_allowance or None,
         }
         return new_trace
 

@@ -160,6 +160,9 @@ typedef struct mf_plan_options {
     int64_t max_refine;  /* window positions the fusion-aware moves evaluate, each of the
                           * (up to three) times they run (mf_fuse.c NOTE [fusion-aware
                           * moves]); <= 0: MF_DEFAULT_REFINE_POSITIONS */
+    int64_t peak_allowance; /* NOTE [peak allowance] (mf_fuse.c): a fused peak up to this many
+                             * bytes costs nothing, so the grouping takes the fewest groups
+                             * within it; <= 0: none */
 } mf_plan_options;
 
 #define MF_DEFAULT_MAX_STATES 200000
@@ -226,7 +229,11 @@ typedef struct mf_plan_result {
  * were kept): the order's unfused peak may then rise; `optimal` describes the
  * order as returned, unfused, and `method` the rung that planned it before
  * the moves.  Always peak_bytes <=
- * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order.  baseline_peak_bytes is the peak of
+ * unfused_peak_bytes, and peak_bytes <= the fused peak of the planned order, but
+ * with opt->peak_allowance (NOTE [peak allowance], mf_fuse.c): then the fewest
+ * groups whose peak is at most max(that fused peak, the allowance), which may
+ * be above the unfused peak, and no fusion-aware moves or fused hoists where the
+ * allowance binds.  baseline_peak_bytes is the peak of
  * the baseline order: the input order made valid by a stable topological
  * sort (NOTE [baseline order], mf_order.c), which is 0..n-1 itself whenever
  * that is valid; it is a candidate, so unfused_peak_bytes never exceeds it

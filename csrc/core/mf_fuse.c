@@ -52,6 +52,20 @@
  * peak optimum can only be missed when a single kernel of more than 512 ops
  * would be needed to reach it, and the group count is minimal among
  * groupings that respect the cap.
+ *
+ * NOTE [peak allowance]
+ * A plan's peak is not always the peak that matters: the forward of a
+ * training step peaks far below its backward, whose peak is the step's.
+ * There a forward grouping up to the backward's peak costs no memory, and
+ * each region it saves is one compile and one launch less.  With an
+ * allowance A (mf_plan_options.peak_allowance) the second DP takes the fewest
+ * groups with every cost <= max(P, A) instead of P; the grouping's peak is
+ * then its own largest group cost (at most that bound), which may exceed the
+ * order's unfused peak: that is what the allowance gives away.  Where it
+ * binds (the peak found is at most A) the fusion-aware moves and fused hoists
+ * are skipped, since a lower fused peak buys nothing.  Where the allowance
+ * comes from is the caller's business (docs/ARCHITECTURE.md, "The step's
+ * peak").
  */
 #include "mf_internal.h"
 
@@ -258,19 +272,33 @@ static int32_t walk_groups(const fuse_ws *w, const int32_t *parent, int32_t *sta
     return k;
 }
 
-/* Both DPs over [w->a, w->b): the least peak P, then the fewest groups at P.
- * Group starts (absolute positions) go to starts[0..k), *k their count. */
-static int64_t group_range(const fuse_ws *w, int64_t *val, int32_t *parent, int32_t *starts, int32_t *k)
+/* Both DPs over [w->a, w->b): the least peak P, then the fewest groups with
+ * every cost at most max(P, allow) (NOTE [peak allowance]).  Group starts
+ * (absolute positions) go to starts[0..k), *k their count; returns the
+ * grouping's peak (P when allow does not bind). */
+static int64_t group_range(const fuse_ws *w, int64_t allow, int64_t *val, int32_t *parent, int32_t *starts,
+                           int32_t *k)
 {
-    int64_t P;
+    int64_t P, peak = 0;
+    int32_t g;
     dp_pass(w, 0, 0, val, parent);
     P = w->b > w->a ? val[w->b - w->a] : 0;
-    dp_pass(w, 1, P, val, parent);
+    if (allow <= P) {
+        dp_pass(w, 1, P, val, parent);
+        *k = walk_groups(w, parent, starts);
+        return P;
+    }
+    dp_pass(w, 1, allow, val, parent);
     *k = walk_groups(w, parent, starts);
-    return P;
+    for (g = 0; g < *k; g++) {
+        int64_t c = group_cost(w, starts[g], g + 1 < *k ? starts[g + 1] : w->b);
+        if (c > peak)
+            peak = c;
+    }
+    return peak;
 }
 
-int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse,
+int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse, int64_t allow,
                   int32_t *group_ptr, int32_t *n_groups, int64_t *peak)
 {
     fuse_ws w;
@@ -282,7 +310,7 @@ int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *orde
         return MF_ENOMEM;
     if ((st = ws_setup(ctx, a, pg, order, fuse, pos, &w)))
         return st;
-    *peak = group_range(&w, val, parent, group_ptr, n_groups);
+    *peak = group_range(&w, allow, val, parent, group_ptr, n_groups);
     group_ptr[*n_groups] = n;
     return MF_OK;
 }
@@ -578,7 +606,7 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positi
     memcpy(R.ord, order, sizeof(int32_t) * (size_t)n);
     if ((st = ws_setup(ctx, a, pg, R.ord, 1, R.pos, &R.w)))
         return st;
-    P = group_range(&R.w, full_val, full_parent, R.gs, &R.ng);
+    P = group_range(&R.w, 0, full_val, full_parent, R.gs, &R.ng);
     R.gs[R.ng] = n;
     for (g = 0; g < R.ng; g++)
         R.gc[g] = group_cost(&R.w, R.gs[g], R.gs[g + 1]);
@@ -675,7 +703,7 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positi
             int64_t Pw;
             if (apply_move(&R, bq, blen, bt, wa, wb))
                 return mf_set_error(ctx, MF_EINTERNAL, "fusion-aware move: live bytes disagree");
-            Pw = group_range(&R.w, R.val, R.parent, R.wstart, &nk);
+            Pw = group_range(&R.w, 0, R.val, R.parent, R.wstart, &nk);
             if (Pw == P) {
                 dp_pass(&R.w, 2, P, R.val, R.parent);
                 nk = walk_groups(&R.w, R.parent, R.wstart);

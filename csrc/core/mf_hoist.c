@@ -394,7 +394,7 @@ int mf_hoist_fused(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int fuse, int64_t 
                     cand[c++] = order[q];
             if (mf_tracker_peak(&tr, cand, n) > unfused_cap)
                 continue; /* the unfused peak stays what the plan proved */
-            if ((st = mf_fuse_group(ctx, &tmp, pg, cand, fuse, gp2, &ng2, &pk2)))
+            if ((st = mf_fuse_group(ctx, &tmp, pg, cand, fuse, 0, gp2, &ng2, &pk2)))
                 break;
             if (pk2 > bsc.peak)
                 continue;

@@ -167,8 +167,10 @@ void mf_tracker_reset(mf_tracker *t);
 
 /* ---- fusion grouping (mf_fuse.c) ----
  * Given a valid order, the grouping with the least peak, then the fewest
- * groups.  group_ptr: n + 1 entries (caller allocated); *n_groups, *peak. */
-int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse,
+ * groups; with allow > 0 the fewest groups whose peak is at most the larger
+ * of the least and allow (NOTE [peak allowance]).  group_ptr: n + 1 entries
+ * (caller allocated); *n_groups, *peak (the grouping's own). */
+int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse, int64_t allow,
                   int32_t *group_ptr, int32_t *n_groups, int64_t *peak);
 /* The kind of each of the n_groups groups of a valid order (mf_core.h NOTE
  * [group kinds]) into kinds[0..n_groups). */

@@ -546,11 +546,24 @@ static int stage_result(plan *R)
     return MF_OK;
 }
 
+/* The plan's peak allowance (mf_fuse.c NOTE [peak allowance]), 0 when none. */
+static int64_t allowance(const plan *R)
+{
+    return R->opt && R->opt->peak_allowance > 0 ? R->opt->peak_allowance : 0;
+}
+
+/* Does the allowance bind: the grouping's peak at most the allowance, so a
+ * lower fused peak buys nothing (NOTE [peak allowance])? */
+static int allowance_binds(const plan *R)
+{
+    return allowance(R) > 0 && R->out->peak_bytes <= allowance(R);
+}
+
 /* Stage 7b: fusion grouping (mf_fuse.c) of the final order. */
 static int stage_fusion_grouping(plan *R)
 {
     mf_plan_result *out = R->out;
-    return mf_fuse_group(R->ctx, R->a, &R->pg, out->order, R->fuse, out->group_ptr, &out->n_groups,
+    return mf_fuse_group(R->ctx, R->a, &R->pg, out->order, R->fuse, allowance(R), out->group_ptr, &out->n_groups,
                          &out->peak_bytes);
 }
 
@@ -569,7 +582,7 @@ static int stage_fusion_moves(plan *R)
     const int32_t *starts[3];
     int64_t pk2 = 0;
     int st;
-    if (!R->fuse || (R->opt && R->opt->no_fusion_moves))
+    if (!R->fuse || (R->opt && R->opt->no_fusion_moves) || allowance_binds(R))
         return MF_OK;
     ord2 = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
     gp2 = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
@@ -593,7 +606,7 @@ static int stage_fusion_moves(plan *R)
             }
             if (!mf_pg_order_valid(&R->pg, ord2, R->scratch))
                 return mf_set_error(R->ctx, MF_EINTERNAL, "fusion-aware moves produced an invalid order");
-            if ((st = mf_fuse_group(R->ctx, R->a, &R->pg, ord2, R->fuse, gp2, &ng2, &pk2)))
+            if ((st = mf_fuse_group(R->ctx, R->a, &R->pg, ord2, R->fuse, allowance(R), gp2, &ng2, &pk2)))
                 return st;
             if (pk2 < out->peak_bytes) {
                 memcpy(out->order, ord2, sizeof(int32_t) * (size_t)n);
@@ -620,7 +633,7 @@ static int stage_fused_hoists(plan *R)
     int32_t moves = 0;
     int64_t cap;
     int st;
-    if (!R->fuse || (R->opt && (R->opt->no_fusion_moves || R->opt->no_hoists)))
+    if (!R->fuse || (R->opt && (R->opt->no_fusion_moves || R->opt->no_hoists)) || allowance_binds(R))
         return MF_OK;
     /* the unfused peak may rise, as the moves' may, but never above the
      * input order's (NOTE [never worse]) */
@@ -654,7 +667,8 @@ static int stage_collectives(plan *R)
     if ((st = mf_pg_simulate(R->ctx, R->a, &R->pg, out->order, out->group_ptr, out->n_groups, &sim_peak, NULL,
                              NULL)))
         return st;
-    if (sim_peak != out->peak_bytes || out->peak_bytes > R->peak)
+    /* regions never raise the unfused peak, but up to an allowance (NOTE [peak allowance]) */
+    if (sim_peak != out->peak_bytes || (out->peak_bytes > R->peak && out->peak_bytes > allowance(R)))
         return mf_set_error(R->ctx, MF_EINTERNAL, "fusion grouping peak %lld disagrees with the simulator (%lld)",
                             (long long)out->peak_bytes, (long long)sim_peak);
     return MF_OK;

@@ -517,6 +517,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa)
     opt.dp_max_ops = pa->dp_max_ops;
     opt.no_hoists = !pa->hoists;
     opt.max_refine = pa->max_refine;
+    opt.peak_allowance = pa->peak_allowance;
     ctx.cancel = poll_signals;
     ctx.cancel_ud = &sp;
     sp.next = mono_s() + MF_PY_POLL_S;
@@ -539,7 +540,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
                              "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
-                             "cheap", "_recompute_passes", "_hoists", NULL};
+                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
     long long budget = 0;
@@ -548,14 +549,18 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     int comm_overlap = 1;
     PyObject *empty = NULL, *out = NULL;
     int fuse = 1, fusion_moves = 1, dp_max_ops = 0, passes = 0, hoists = 1;
-    long long max_states = 0, dp_max_bytes = 0;
+    long long max_states = 0, dp_max_bytes = 0, allowance = 0;
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLOip:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLOipL:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
                                      &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &dp_max_bytes, &cm,
-                                     &comm_overlap, &budget, &ch, &passes, &hoists))
+                                     &comm_overlap, &budget, &ch, &passes, &hoists, &allowance))
         return NULL;
+    if (allowance < 0) {
+        PyErr_SetString(PyExc_ValueError, "peak_allowance must be a number of bytes >= 0");
+        return NULL;
+    }
     if (budget < 0) {
         PyErr_SetString(PyExc_ValueError, "recompute must be a budget in bytes >= 0");
         return NULL;
@@ -604,6 +609,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
             pa.comm_overlap = comm_overlap;
             pa.dp_max_ops = dp_max_ops;
             pa.hoists = hoists;
+            pa.peak_allowance = allowance;
             out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, &pa, passes, &used);
             mf_gbuf_free(&used);
         }
@@ -765,10 +771,12 @@ static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
-     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True)\n"
+     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True, peak_allowance=0)\n"
      "--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
+     "peak_allowance: a fused peak up to this many bytes costs nothing, so the fewest groups within it are "
+     "formed (NOTE [peak allowance]); 0: none.\n"
      "max_states: None or an int in [1, 2**63 - 1].  The DP also stops at a memory budget (256 MiB, "
      "_dp_max_bytes when > 0), reporting optimal=False.  Ctrl-C raises KeyboardInterrupt.\n"
      "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "

@@ -3,7 +3,7 @@
  * regroup it.
  *
  * plan_trace(bsyms, records, *, tensor_type, max_states=None, fuse=True,
- *            freeable=None, comm_overlap=True, recompute=0)
+ *            freeable=None, comm_overlap=True, recompute=0, peak_allowance=0)
  *
  * records[i] describes bsyms[i] (thunder_memfuse/_records.py collects them in
  * one pass; this file knows no Thunder symbol and calls nothing back):
@@ -394,12 +394,12 @@ static PyObject *kinds_of_groups(PyObject *plan, PyObject *groups)
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",    "records", "tensor_type",  "max_states", "fuse",
-                             "freeable", "comm_overlap", "recompute", NULL};
+                             "freeable", "comm_overlap", "recompute", "peak_allowance", NULL};
     PyObject *bsyms, *records, *tensor_type = NULL, *ms = Py_None, *freeable = Py_None;
     PyObject *seq = NULL, *rseq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL, *storages = NULL;
     PyObject *plan = NULL, *groups = NULL, *kinds = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, comm_overlap = 1, have_used = 0, st;
-    long long max_states = 0, recompute = 0;
+    long long max_states = 0, recompute = 0, allowance = 0;
     const uint8_t *cheap = NULL;
     mf_graph_desc d;
     mf_ctx pc;
@@ -413,9 +413,13 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_py_ctx_init(&pc);
     mf_builder_init(&w.B, &pc);
     mf_gbuf_init(&used, &pc);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpL:plan_trace", kwlist, &bsyms, &records, &tensor_type,
-                                     &ms, &fuse, &freeable, &comm_overlap, &recompute))
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpLL:plan_trace", kwlist, &bsyms, &records, &tensor_type,
+                                     &ms, &fuse, &freeable, &comm_overlap, &recompute, &allowance))
         goto done;
+    if (allowance < 0) {
+        PyErr_SetString(PyExc_ValueError, "plan_trace: peak_allowance must be a number of bytes >= 0");
+        goto done;
+    }
     if (recompute < 0) {
         PyErr_SetString(PyExc_ValueError, "plan_trace: recompute must be a budget in bytes >= 0");
         goto done;
@@ -490,6 +494,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     pa.max_states = max_states;
     pa.fuse = fuse;
     pa.comm_overlap = comm_overlap;
+    pa.peak_allowance = allowance;
     if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, &pa, 0, &used)))
         goto done;
     have_used = used.n_ops > 0;
@@ -538,9 +543,9 @@ done:
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace($module, /, bsyms, records, *, tensor_type, max_states=None, fuse=True, freeable=None, "
-     "comm_overlap=True, recompute=0)\n--\n\n"
+     "comm_overlap=True, recompute=0, peak_allowance=0)\n--\n\n"
      "Read a Thunder trace's bound symbols with one record each, plan them and regroup them; returns a "
-     "dict.  max_states as in plan()."},
+     "dict.  max_states and peak_allowance as in plan()."},
     {NULL, NULL, 0, NULL},
 };
 

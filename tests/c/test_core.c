@@ -2061,6 +2061,7 @@ int mf_test_comm(int *checks); /* test_comm.c */
 int mf_test_build(int *checks); /* test_build.c */
 int mf_test_kinds(int *checks); /* test_kinds.c */
 int mf_test_remat(int *checks); /* test_remat.c */
+int mf_test_allowance(int *checks); /* test_allowance.c */
 int test_harden(int *checks); /* test_harden.c */
 
 int main(int argc, char **argv)
@@ -2083,6 +2084,7 @@ int main(int argc, char **argv)
     g_failures += mf_test_comm(&g_checks);
     g_failures += mf_test_build(&g_checks);
     g_failures += mf_test_remat(&g_checks);
+    g_failures += mf_test_allowance(&g_checks);
     g_failures += test_harden(&g_checks);
     g_failures += mf_test_kinds(&g_checks);
     printf("%d checks, %d failures\n", g_checks, g_failures);
