@@ -5,7 +5,8 @@
                                 [--json out.json]
 
 Variants: eager, torch.compile, Thunder (default executors), Thunder with
-executors=["torchcompile"], memfuse, torchcompile + memfuse, and memfuse with
+executors=["torchcompile"], memfuse, torchcompile + memfuse (and the same with
+MemFuse(recompute=False): "torchcompile+memfuse(recompute=False)"), and memfuse with
 each `kernels=` value MemFuse accepts (when it has that option).
 Workloads (benchmarks/workloads.py): the seed's two functions; nanoGPT
 (thunder.tests.nanogpt_model) and a Llama-style model (RMSNorm, rotary
@@ -83,6 +84,9 @@ def variants(names=None):
         ("memfuse", lambda fn: thunder.jit(fn, transforms=[MemFuse()])),
         # memfuse as the fusion pass in torch.compile's place (the default with that executor)
         ("torchcompile+memfuse", lambda fn: thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse()])),
+        # the same without recomputation: what the copies cost in step time and give in memory
+        ("torchcompile+memfuse(recompute=False)",
+         lambda fn: thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(recompute=False)])),
     ]
     for k in memfuse_kernel_values():
         vs.append((f"memfuse kernels={k}", lambda fn, k=k: thunder.jit(fn, transforms=[MemFuse(kernels=k)])))

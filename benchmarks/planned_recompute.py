@@ -5,8 +5,10 @@
 
 One training step of each checkpointed workload (benchmarks/workloads.py, full size) under
 thunder.jit(..., transforms=[MemFuse(recompute="auto")]), then report(jfn)["backward"]: the planned peak
-with the copies, the planned peak without them, how many ops run twice, the pass's own time, and
-(--live N) the N largest storages live at the planned peak.  Planned peaks depend on the trace only,
+with the copies, the planned peak without them, how many ops run twice, the pass's own time, the
+forward's regions (its first grouping, and the grouping within the backward's planned peak where that
+has fewer: thunder_memfuse/_step.py NOTE [the step's peak]) and its planned peak, and (--live N) the N
+largest storages live at the planned peak.  Planned peaks depend on the trace only,
 not on the machine's load; the pass's time does.
 
 --shares: the budget's effect instead.  The backward's bound symbols are caught on their way into
@@ -43,8 +45,9 @@ def main(argv=None):
         top = _report._largest_live_at_peak
         _report._largest_live_at_peak = lambda info, steps, top_n=5: top(info, steps, top=args.live)
     ex = {"executors": ["torchcompile"]} if args.torchcompile else {}
-    print("| workload | planned backward peak MiB | without recompute | ops run twice | pass ms |")
-    print("|---|---|---|---|---|")
+    print("| workload | planned backward peak MiB | without recompute | ops run twice | pass ms | "
+          "forward regions: first grouping -> within the backward's peak | planned forward peak MiB |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.only.split(","):
         w = getattr(workloads, name)(checkpoint=True)
         jf = thunder.jit(w.fn, transforms=[MemFuse(recompute="auto")], **ex)
@@ -52,8 +55,13 @@ def main(argv=None):
         r = report(jf)["backward"]
         rc = r.get("recompute") or {}
         without = rc.get("peak_without_bytes") or r["peak_after_bytes"]
+        f = report(jf)["forward"]
+        regions = str(f["regions_after"])
+        if f["regions_without_allowance"] is not None:
+            regions = f"{f['regions_without_allowance']} -> {regions}"
         print(f"| {w.name} | {r['peak_after_bytes'] / 2**20:.2f} | {without / 2**20:.2f} | "
-              f"{rc.get('copied_ops', 0)} | {r['plan_ms']:.0f} |", flush=True)
+              f"{rc.get('copied_ops', 0)} | {r['plan_ms']:.0f} | {regions} | "
+              f"{f['peak_after_bytes'] / 2**20:.2f} |", flush=True)
         for n, b, where in r["largest_live_at_peak"][: args.live]:
             print(f"    live at peak: {n} {b / 2**20:.2f} MiB ({where})")
 

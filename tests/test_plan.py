@@ -466,3 +466,20 @@ def test_fused_hoists_lower_fused_peaks_the_unfused_hoists_leave():
             assert on.fusion_moves > 0, seed
     assert lowered >= 2
 
+
+
+def test_a_peak_allowance_trades_peak_for_fewer_groups_up_to_it():
+    # csrc/core/mf_fuse.c NOTE [peak allowance]: op 2 is a GEMM in a region (stored: its result counts
+    # while the region runs), so the least-peak grouping keeps op 1 apart; an allowance lets one group
+    # hold ops 1-3, above the unfused peak, but never above the allowance
+    ops = [([0], [1]), ([1], [2]), ([0], [3]), ([2, 3], [4])]
+    kw = dict(graph_inputs=[0], graph_outputs=[4], fusible=[0, 1, 2, 1])
+    vb = [8, 100, 10, 100, 10]
+    least = tm.plan(ops, vb, **kw)
+    assert least.groups == [[0], [1], [2, 3]] and least.peak_bytes == least.unfused_peak_bytes == 120
+    assert tm.plan(ops, vb, peak_allowance=209, **kw).groups == least.groups  # one byte short
+    merged = tm.plan(ops, vb, peak_allowance=210, **kw)
+    assert merged.groups == [[0], [1, 2, 3]] and merged.peak_bytes == 210 and merged.unfused_peak_bytes == 120
+    assert tm.plan(ops, vb, peak_allowance=10**9, **kw).groups == merged.groups
+    with pytest.raises(ValueError, match="peak_allowance"):
+        tm.plan(ops, vb, peak_allowance=-1, **kw)

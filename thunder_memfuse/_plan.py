@@ -59,7 +59,8 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
          graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (), fusible: Optional[Sequence[bool | int]] = None,
          after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
          epilogues: Sequence[Pair] = (), fusion_moves: bool = True, comm: Sequence[Pair] = (),
-         comm_overlap: bool = True, recompute: int = 0, cheap: Optional[Sequence[bool]] = None) -> Plan:
+         comm_overlap: bool = True, recompute: int = 0, cheap: Optional[Sequence[bool]] = None,
+         peak_allowance: int = 0) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -90,11 +91,15 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
     may instead be computed again before its later readers (csrc/core/mf_remat.c
     NOTE [recomputation]), kept where it lowers the planned peak: then
     `recompute` says what was copied and `order`/`groups` index its `graph`.
+    peak_allowance: bytes a fused peak may reach at no cost (csrc/core/mf_fuse.c
+    NOTE [peak allowance]): the grouping then takes the fewest groups whose peak
+    is at most the larger of the least peak and this, which may be above the
+    order's unfused peak (0: none, the least peak).
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
                 fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap, recompute=recompute,
-                cheap=cheap)
+                cheap=cheap, peak_allowance=peak_allowance)
     return Plan(**d)
 
 
