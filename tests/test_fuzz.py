@@ -43,3 +43,12 @@ def test_the_fuzzer_sees_a_pass_that_does_nothing(monkeypatch):
     p = next(p for p in map(fp.make_program, range(100)) if fp.check(p).status == "ok")
     monkeypatch.setattr(transform.MemFuse, "_transform", lambda self, trace: trace)
     assert fp.check(p).status == "unplanned"
+
+
+@pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")
+@pytest.mark.parametrize("seed", [45, 294])
+def test_programs_whose_compiled_regions_wrote_into_their_inputs(seed):
+    # regions/torchcompile.py NOTE [functional region programs]: the backward's copy_with_setitem (a
+    # clone, then an assignment into it) was compiled as a write into the incoming gradient, which a
+    # view made by an earlier region still read; these two programs found it
+    assert fp.check(fp.make_program(seed), ["torchcompile"]).status == "ok"

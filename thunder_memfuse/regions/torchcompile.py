@@ -17,6 +17,15 @@ peak, and the seed keeps its paths apart (benchmarks/RESULTS.md).  Fewer regions
 [gemm, elementwise op of its result alone] (mf_fuse.c NOTE [epilogue pairs]) keeps its exact rule:
 Inductor writes the elementwise result over the GEMM's buffer, so the pair stores one tensor.
 
+NOTE [functional region programs]: a region holds no in-place op of the trace, but the torch
+implementations of some functional Thunder ops write in place inside (copy_with_setitem clones its
+input, then assigns into the clone).  compile_fx_inner expects the functional graph AOTAutograd would
+hand it; given the clone and the assignment as they are, it wrote into the region's input instead of
+the clone (a backward's incoming gradient, which a view taken by an earlier region still read: found by
+the differential fuzzer with executors=["torchcompile"]).  So the program is traced through
+torch.func.functionalize (remove="mutations": views stay views, so a region's output that is a view of
+its input is still one, as the cost model counts it).
+
 NOTE [region compile cache]: a region is compiled once per program.  The key is the region's
 Thunder program as Python source with every proxy renamed by order of first appearance, plus each
 input's metadata (shape, dtype, device, requires_grad, kind): two regions with the same key compute
@@ -191,7 +200,16 @@ def fusible(bsym) -> int:
 
 
 def program_key(bsyms, inputs, outputs):
-    """NOTE [region compile cache]: (canonical source, input metadata) of a region."""
+    """NOTE [functional region programs]: a region holds no in-place op of the trace, but the torch
+implementations of some functional Thunder ops write in place inside (copy_with_setitem clones its
+input, then assigns into the clone).  compile_fx_inner expects the functional graph AOTAutograd would
+hand it; given the clone and the assignment as they are, it wrote into the region's input instead of
+the clone (a backward's incoming gradient, which a view taken by an earlier region still read: found by
+the differential fuzzer with executors=["torchcompile"]).  So the program is traced through
+torch.func.functionalize (remove="mutations": views stay views, so a region's output that is a view of
+its input is still one, as the cost model counts it).
+
+NOTE [region compile cache]: (canonical source, input metadata) of a region."""
     from thunder.core.proxies import Proxy, TensorProxy
 
     trace = region_trace("region", bsyms, inputs, outputs)
@@ -355,7 +373,9 @@ class InductorRegion:
                 return self._shared()
             try:
                 with torch.no_grad():
-                    gm = make_fx(self.fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+                    # NOTE [functional region programs]
+                    gm = make_fx(torch.func.functionalize(self.fn, remove="mutations"),
+                                 decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
                     compiled = compile_fx_inner(gm, list(args))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                 self.why_dynamo = f"{type(e).__name__}: {e}"
