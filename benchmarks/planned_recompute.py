@@ -52,10 +52,10 @@ def main(argv=None):
         w = getattr(workloads, name)(checkpoint=True)
         jf = thunder.jit(w.fn, transforms=[MemFuse(recompute="auto")], **ex)
         w.step(jf)()
-        r = report(jf)["backward"]
+        rep = report(jf)
+        r, f = rep["backward"], rep["forward"]
         rc = r.get("recompute") or {}
         without = rc.get("peak_without_bytes") or r["peak_after_bytes"]
-        f = report(jf)["forward"]
         regions = str(f["regions_after"])
         if f["regions_without_allowance"] is not None:
             regions = f"{f['regions_without_allowance']} -> {regions}"

@@ -357,7 +357,7 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
             + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
             + (f", {r['hoists']} hoists" if r.get("hoists") else "")
         )
-        if r.get("peak_allowance_bytes") and r.get("regions_without_allowance") is not None:
+        if r.get("regions_without_allowance") is not None:
             lines.append(f"    regrouped within the backward's planned peak of {r['peak_allowance_bytes'] / 2**20:.2f} "
                          f"MiB: {r['regions_without_allowance']} -> {r['regions_after']} regions")
         if r.get("replaced_executors"):

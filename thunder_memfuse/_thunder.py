@@ -223,7 +223,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     NOTE [recomputation]; 0: none); _recompute.emit turns the result's copies
     into bound symbols.  peak_allowance: a fused peak up to this many bytes costs
     nothing, so the fewest regions within it are formed (csrc/core/mf_fuse.c NOTE
-    [peak allowance]; transform.py NOTE [the step's peak]).  The records are
+    [peak allowance]; _step.py NOTE [the step's peak]).  The records are
     _records.py's (NOTE [op records])."""
     from ._records import records
 

@@ -200,16 +200,7 @@ def fusible(bsym) -> int:
 
 
 def program_key(bsyms, inputs, outputs):
-    """NOTE [functional region programs]: a region holds no in-place op of the trace, but the torch
-implementations of some functional Thunder ops write in place inside (copy_with_setitem clones its
-input, then assigns into the clone).  compile_fx_inner expects the functional graph AOTAutograd would
-hand it; given the clone and the assignment as they are, it wrote into the region's input instead of
-the clone (a backward's incoming gradient, which a view taken by an earlier region still read: found by
-the differential fuzzer with executors=["torchcompile"]).  So the program is traced through
-torch.func.functionalize (remove="mutations": views stay views, so a region's output that is a view of
-its input is still one, as the cost model counts it).
-
-NOTE [region compile cache]: (canonical source, input metadata) of a region."""
+    """NOTE [region compile cache]: (canonical source, input metadata) of a region."""
     from thunder.core.proxies import Proxy, TensorProxy
 
     trace = region_trace("region", bsyms, inputs, outputs)
