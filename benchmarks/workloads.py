@@ -225,7 +225,9 @@ def backward_plan_call(w, **jit_kwargs):
         w.step(thunder.jit(w.fn, transforms=[MemFuse()], **jit_kwargs))()
     finally:
         _thunder.plan_trace = orig
-    bsyms, kw = calls[-1]  # the backward comes last
+    # the backward's is the last call planned without an allowance: the forward is planned again after
+    # it, within the backward's peak (thunder_memfuse/_step.py NOTE [the step's peak])
+    bsyms, kw = [c for c in calls if not c[1].get("peak_allowance")][-1]
     return bsyms, kw, orig
 
 
