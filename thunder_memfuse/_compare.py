@@ -4,8 +4,9 @@ compare(jfn, *args) runs a jitted function once under torch.profiler with a
 marker before every step of its final traces (the forward, and the backward
 when the call builds an autograd graph), and lines up, step by step, the
 memory the cost model says is live (csrc/core NOTE [cost model], read from the
-same trace by the C reader) against the allocations the profiler saw between
-two markers.  Nothing about the jitted function is changed: the markers run in
+same trace by the C reader; for a trace memfuse made, its plan, with each
+Inductor region's own buffers: NOTE [regions in compare]) against the
+allocations the profiler saw between two markers.  Nothing about the jitted function is changed: the markers run in
 marked copies of its final traces, swapped into Thunder's cache entry for this
 one call and swapped back after it.
 
@@ -46,6 +47,8 @@ class TraceComparison:
     saved_tensors_measured: int | None = None
     plan_peak: int | None = None    # memfuse's plan of this trace (report()'s peak), above the same start
     plan_allowance: int | None = None  # the plan's peak allowance (_step.py NOTE [the step's peak]), if any
+    model: str = "trace"            # "plan": memfuse's own plan of the trace (NOTE [regions in compare])
+    buffer_plans: int = 0           # regions counted by their Inductor program's buffers
 
     @property
     def simulated_peak(self) -> int:
@@ -86,6 +89,9 @@ class Comparison:
                     f"measured {t.measured_peak / MIB:.2f} MiB (largest tensor {t.largest_tensor / MIB:.2f} MiB: "
                     f"{'within' if t.within_one_tensor else 'NOT within'} one tensor); "
                     f"{len(t.flagged)} steps differ by more than one tensor")
+            if t.model == "plan":
+                line += (f"; memfuse's regions counted as planned, {t.buffer_plans} of them by the buffers "
+                         "their Inductor program allocates")
             if t.plan_peak is not None:
                 if t.plan_peak == t.simulated_peak:
                     line += f"; report() gives the same peak ({t.plan_peak / MIB:.2f} MiB above the start)"
@@ -93,6 +99,10 @@ class Comparison:
                     line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: this trace was grouped "
                              f"within its backward's planned peak ({t.plan_allowance / MIB:.2f} MiB), a bound that "
                              "counts every GEMM's operands in a region to the region's end")
+                elif t.model == "plan":
+                    line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: the planner's "
+                             "count of its regions (every GEMM operand stored to its region's end), where this "
+                             "model reads what Inductor compiled")
                 else:
                     line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: its plan models a "
                              "region's ops one by one (views of the region's inputs allocate nothing), while "
@@ -236,6 +246,13 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
     result = Comparison()
     from . import _thunder
 
+    try:  # memfuse's own plan of these traces, when it made them
+        from ._report import _memfuse_traces
+
+        infos = {k: info for k, (_, info) in _memfuse_traces(jfn).items()}
+    except Exception:
+        infos = {}
+
     try:
         freeable = _thunder.saved_storages(ftrace)
     except Exception:  # then the backward's saved tensors count as inputs
@@ -247,16 +264,16 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
         if measured is None:
             continue  # this trace did not run (no backward)
         fr = _thunder.backward_freeable(freeable, trace) if kind == "backward" else None
-        tc = _simulated(trace, ops, kind, fr, measured)
+        tc = _planned(ops, kind, infos.get(kind), measured) or _simulated(trace, ops, kind, fr, measured)
         if kind == "backward" and freeable is not None:
             tc.saved_simulated = sum(dict(freeable.values()).values())  # bytes per distinct storage key
         if kind == "backward" and "saved" in runtime:
             tc.saved_tensors_measured, tc.saved_storages_measured = runtime["saved"]
         result.traces[kind] = tc
-    try:  # memfuse's own plan of these traces, when it made them (report()'s figures)
-        from ._report import _memfuse_traces, _schedules
+    try:  # report()'s figures of the same traces
+        from ._report import _schedules
 
-        for kind, (_, info) in _memfuse_traces(jfn).items():
+        for kind, info in infos.items():
             if kind in result.traces:
                 _, (peak, _, live_after) = _schedules(info)
                 start = live_after[0] if info.get("saved_op") and live_after else 0
@@ -388,3 +405,71 @@ def _simulated(trace, ops, kind, freeable, measured) -> TraceComparison:
                          diff=diff, flagged=abs(diff) > largest,
                          note=KNOWN_TEMPORARIES.get(base, "") if diff > 0 else ""))
     return TraceComparison(kind, rows, start, largest)
+
+
+def _row(i, b, sim, measured, largest, note_ok=True):
+    diff = measured - sim
+    name = str(b.sym.name)
+    outs = ", ".join(p.name for p in b.flat_proxy_outs[:2])
+    base = name.rsplit(".", 1)[-1]
+    return dict(step=i, op=f"{name} -> {outs}" if outs else name, simulated=sim, measured=measured, diff=diff,
+                flagged=abs(diff) > largest, note=KNOWN_TEMPORARIES.get(base, "") if diff > 0 and note_ok else "")
+
+
+def _inductor_peak(b):
+    """The bytes the buffers of the Inductor program behind memfuse region b hold at most, or None
+    (regions/inductor_buffers.py NOTE [Inductor's buffer plan])."""
+    fn = (getattr(b, "_call_ctx", None) or {}).get(b.sym.name)
+    state = getattr(fn, "memfuse_state", None)
+    if not state or state.get("failed"):
+        return None
+    kernel = state.get("kernel")
+    peak = getattr(kernel, "buffer_peak", None)
+    return peak() if callable(peak) else None
+
+
+def _planned(ops, kind, info, measured):
+    """NOTE [regions in compare]: a trace memfuse made is modelled as its plan models it, each step
+    the planned group it runs: the trace read again from outside would see a region as one op whose
+    outputs are all new tensors (a view of an input is none) and nothing of what runs inside.  A
+    region Inductor compiled counts, while it runs, the live bytes before it plus the most its
+    program's buffers hold at once (regions/inductor_buffers.py NOTE [Inductor's buffer plan]): what
+    Inductor really allocates, operand copies included, where the plan's bound counts every GEMM
+    operand to the region's end.  None where the trace's steps do not line up with the plan's
+    groups (then the trace is read from outside, as for any other trace)."""
+    if info is None:
+        return None
+    from ._report import _schedules
+
+    g, plan, names = info["graph"], info["plan"], info["names"]
+    _, (_, steps, live) = _schedules(info)
+    pos = {k: gi for gi, grp in enumerate(plan["groups"]) for k in grp}
+    group_of = {}
+    for k, (_, outs) in enumerate(g["ops"]):
+        for v in outs:
+            group_of.setdefault(str(names[v]), pos[k])
+    first = 1 if info.get("saved_op") else 0  # the backward's op 0 makes the saved tensors
+    start = live[0] if first and live else 0
+    at, prev = [], first
+    for b in ops:
+        found = [group_of[p.name] for p in b.flat_proxy_outs if p.name in group_of]
+        gi = min(found) if found else prev
+        if gi < prev:
+            return None
+        at.append(gi)
+        prev = gi
+    if len(ops) and (at[-1] >= len(steps) or len(set(at)) < len(plan["groups"]) - first):
+        return None
+    mpeak, _ = measured
+    largest = max(g["value_bytes"], default=0)
+    rows, n_read = [], 0
+    for i, (b, gi) in enumerate(zip(ops, at)):
+        sim = steps[gi]
+        bp = _inductor_peak(b) if getattr(b.sym, "is_fusion", False) else None
+        if bp is not None:
+            sim = (live[gi - 1] if gi > 0 else 0) + bp
+            n_read += 1
+        rows.append(_row(i, b, sim - start, mpeak[i], largest, note_ok=len(plan["groups"][gi]) == 1))
+    tc = TraceComparison(kind, rows, start, largest)
+    tc.model, tc.buffer_plans = "plan", n_read
+    return tc

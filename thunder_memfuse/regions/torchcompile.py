@@ -46,6 +46,7 @@ import tokenize
 
 from .._memo import memoized
 from .base import Group, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read, tensor_op
+from .inductor_buffers import buffer_peak
 
 name = "torchcompile"
 compiles_regions = True
@@ -313,11 +314,12 @@ class InductorRegion:
     (an op without a fake-tensor kernel, say) is compiled as Thunder's torchcompile executor
     would, through Dynamo (make_compiled): slower calls, same kernels; `why_dynamo` says why."""
 
-    __slots__ = ("fn", "variants", "lock", "dynamo", "why_dynamo", "dynamo_fn", "untraceable")
+    __slots__ = ("fn", "variants", "peaks", "lock", "dynamo", "why_dynamo", "dynamo_fn", "untraceable")
 
     def __init__(self, fn, dynamo):
         self.fn = fn
         self.variants = {}
+        self.peaks = {}  # per pattern: the bytes its program's buffers hold at most (NOTE [Inductor's buffer plan])
         self.lock = threading.Lock()
         self.dynamo = dynamo  # () -> the region through torch.compile, for what make_fx cannot trace
         self.why_dynamo = None
@@ -335,6 +337,14 @@ class InductorRegion:
             with torch.no_grad():
                 return compiled(list(args))
         return compiled(list(args))
+
+    def buffer_peak(self):
+        """The most bytes the buffers of any compiled pattern's program hold at once
+        (inductor_buffers.py NOTE [Inductor's buffer plan]); None when unknown or when a pattern
+        runs through Dynamo."""
+        if self.dynamo_fn is not None or not self.peaks or None in self.peaks.values():
+            return None
+        return max(self.peaks.values())
 
     def _shared(self):
         """The one Dynamo callable, taking every pattern past the cap (and all of them where
@@ -368,6 +378,7 @@ class InductorRegion:
                     gm = make_fx(torch.func.functionalize(self.fn, remove="mutations"),
                                  decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
                     compiled = compile_fx_inner(gm, list(args))
+                self.peaks[key] = buffer_peak(getattr(compiled, "source_code", None))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                 self.why_dynamo = f"{type(e).__name__}: {e}"
                 self.untraceable = True
