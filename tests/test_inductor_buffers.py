@@ -4,6 +4,7 @@ import pytest
 import torch
 import thunder
 
+import thunder_memfuse as tm
 from thunder_memfuse import MemFuse
 from thunder_memfuse.measure import compare
 from thunder_memfuse.regions import torchcompile as tc
@@ -74,6 +75,21 @@ def test_compare_models_a_torchcompile_step_by_its_regions_programs():
         # transposed operand) is not, and stays below one tensor
         assert not t.flagged and t.within_one_tensor, c.table(all_steps=True)
         assert all(abs(r["diff"]) < t.largest_tensor for r in t.steps), c.table(all_steps=True)
+        # report() gives the same figure, in its own terms (from the trace's start)
+        rep = tm.report(jm)[kind]
+        assert rep["compiled_peak_bytes"] == t.simulated_peak + t.start_simulated
+        assert f"{rep['compiled_peak_bytes'] / 2**20:.2f} MiB with the buffers" in tm.format_report(jm)
+    model.zero_grad(set_to_none=True)
+
+
+def test_regions_that_inductor_did_not_compile_have_no_compiled_peak():
+    model = checkpointed_mlp(d=16, layers=1)
+    x = torch.randn(8, 16)
+    jm = thunder.jit(model, transforms=[MemFuse(strict=True)])  # no compiled regions on a CPU
+    jm(x).sum().backward()
+    rep = tm.report(jm)
+    assert all(r["compiled_peak_bytes"] is None for r in rep.values())
+    assert compare(jm, x)["backward"].model == "plan"
     model.zero_grad(set_to_none=True)
 
 

@@ -428,17 +428,10 @@ def _inductor_peak(b):
     return peak() if callable(peak) else None
 
 
-def _planned(ops, kind, info, measured):
-    """NOTE [regions in compare]: a trace memfuse made is modelled as its plan models it, each step
-    the planned group it runs: the trace read again from outside would see a region as one op whose
-    outputs are all new tensors (a view of an input is none) and nothing of what runs inside.  A
-    region Inductor compiled counts, while it runs, the live bytes before it plus the most its
-    program's buffers hold at once (regions/inductor_buffers.py NOTE [Inductor's buffer plan]): what
-    Inductor really allocates, operand copies included, where the plan's bound counts every GEMM
-    operand to the region's end.  None where the trace's steps do not line up with the plan's
-    groups (then the trace is read from outside, as for any other trace)."""
-    if info is None:
-        return None
+def _planned_steps(ops, info):
+    """(start, [each step's modelled bytes], regions read by their Inductor program) of trace steps
+    `ops` under memfuse's plan `info` (NOTE [regions in compare]), or None where the steps do not
+    line up with the plan's groups."""
     from ._report import _schedules
 
     g, plan, names = info["graph"], info["plan"], info["names"]
@@ -460,16 +453,46 @@ def _planned(ops, kind, info, measured):
         prev = gi
     if len(ops) and (at[-1] >= len(steps) or len(set(at)) < len(plan["groups"]) - first):
         return None
-    mpeak, _ = measured
-    largest = max(g["value_bytes"], default=0)
-    rows, n_read = [], 0
-    for i, (b, gi) in enumerate(zip(ops, at)):
-        sim = steps[gi]
+    sims, n_read = [], 0
+    for b, gi in zip(ops, at):
         bp = _inductor_peak(b) if getattr(b.sym, "is_fusion", False) else None
         if bp is not None:
-            sim = (live[gi - 1] if gi > 0 else 0) + bp
             n_read += 1
-        rows.append(_row(i, b, sim - start, mpeak[i], largest, note_ok=len(plan["groups"][gi]) == 1))
+        sims.append((steps[gi] if bp is None else (live[gi - 1] if gi > 0 else 0) + bp,
+                     len(plan["groups"][gi]) == 1))
+    return start, sims, n_read
+
+
+def _planned(ops, kind, info, measured):
+    """NOTE [regions in compare]: a trace memfuse made is modelled as its plan models it, each step
+    the planned group it runs: the trace read again from outside would see a region as one op whose
+    outputs are all new tensors (a view of an input is none) and nothing of what runs inside.  A
+    region Inductor compiled counts, while it runs, the live bytes before it plus the most its
+    program's buffers hold at once (regions/inductor_buffers.py NOTE [Inductor's buffer plan]): what
+    Inductor really allocates, operand copies included, where the plan's bound counts every GEMM
+    operand to the region's end.  None where the trace's steps do not line up with the plan's
+    groups (then the trace is read from outside, as for any other trace)."""
+    if info is None:
+        return None
+    got = _planned_steps(ops, info)
+    if got is None:
+        return None
+    start, sims, n_read = got
+    mpeak, _ = measured
+    largest = max(info["graph"]["value_bytes"], default=0)
+    rows = [_row(i, b, sim - start, mpeak[i], largest, note_ok=single)
+            for i, (b, (sim, single)) in enumerate(zip(ops, sims))]
     tc = TraceComparison(kind, rows, start, largest)
     tc.model, tc.buffer_plans = "plan", n_read
     return tc
+
+
+def compiled_peak(trace, info):
+    """The peak of a trace memfuse made with its Inductor regions counted by their compiled
+    programs' buffers (NOTE [regions in compare]), in report()'s terms; None before any region was
+    compiled or where the trace does not line up with its plan."""
+    ops, _ = _op_bsyms(trace)
+    got = _planned_steps(ops, info)
+    if got is None or not got[2]:
+        return None
+    return max((sim for sim, _ in got[1]), default=0)

@@ -187,6 +187,8 @@ def report(jfn) -> dict:
     regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
     found); comm_moves and collectives (per asynchronous collective, its op
     position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors;
+    compiled_peak_bytes (the peak with each region Inductor compiled counted by the buffers its
+    program allocates, _compare.py NOTE [regions in compare]; None before any was compiled);
     peak_allowance_bytes and regions_without_allowance (a training step's forward regrouped with fewer
     regions within its backward's planned peak, _step.py NOTE [the step's peak]; None otherwise); and
     largest_live_at_peak: [(proxy name, bytes, where)], where names the op that
@@ -237,6 +239,8 @@ def report(jfn) -> dict:
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
             "kernels": info.get("kernels"),
+            # _compare.py NOTE [regions in compare]: the peak with each compiled Inductor region's own buffers
+            "compiled_peak_bytes": _compiled_peak(trace, info),
             "largest_live_at_peak": [(name, b, origins.get(name, "input"))
                                      for name, b in _largest_live_at_peak(info, steps_after)],
             "comm_moves": plan.get("comm_moves", 0),
@@ -246,6 +250,15 @@ def report(jfn) -> dict:
             "recompute": _recompute_summary(info.get("recompute"), start),
         }
     return out
+
+
+def _compiled_peak(trace, info):
+    from ._compare import compiled_peak
+
+    try:
+        return compiled_peak(trace, info)
+    except Exception:  # a report never fails on a figure it cannot give
+        return None
 
 
 def _recompute_summary(rc, start):
@@ -310,6 +323,8 @@ def _peak_line(kind, r) -> str:
         comp = f", {r['kernels']}" if r.get("kernels") else ""
         line = (f"{kind}: peak unfused {before / m:.2f} -> {unfused / m:.2f} MiB (lower bound {lb / m:.2f}), "
                 f"fused {fused / m:.2f} MiB ({r['regions_after']} regions{comp})")
+    if r.get("compiled_peak_bytes") is not None:
+        line += f"; {r['compiled_peak_bytes'] / m:.2f} MiB with the buffers its compiled regions allocate"
     if r.get("start_bytes"):
         line += (f" (from a start of {r['start_bytes'] / m:.2f} MiB: the storages the forward saved and the "
                  f"incoming gradients)")
