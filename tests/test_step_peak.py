@@ -169,3 +169,18 @@ def test_with_torchcompile_regions_the_forward_compiles_fewer_regions():
     assert fw["kernels"] == "torchcompile"
     assert fw["regions_after"] < fw["regions_without_allowance"]
     assert fw["plan"]["peak_bytes"] <= bw["plan"]["peak_bytes"] == fw["peak_allowance"]
+
+
+@pytest.mark.parametrize("own, others, kept", [(2, 0, True), (1, 3, False), (0, 4, False)])
+def test_only_a_forward_with_regions_of_its_own_awaits_its_backward(own, others, kept):
+    # another executor's regions (memfuse with fuse=False keeps them) are not memfuse's to merge
+    import types
+
+    cd = types.SimpleNamespace()
+    t = _Trace(own + others, 60)
+    t._memfuse_info["own_regions"] = own
+    _step.keep_forward(cd, "source", t)
+    assert (cd._memfuse_forward is not None) is kept
+    fw = _step.take_forward(cd)
+    assert (fw is not None and fw.returned is t) is kept
+    assert _step.take_forward(cd) is None  # taken once

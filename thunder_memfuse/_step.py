@@ -48,12 +48,12 @@ class Forward:
 
 def keep_forward(cd, source, returned) -> None:
     """Remember a planned augmented forward for the backward of the same compilation (on its
-    compile data cd; nothing outside a compilation, or where the forward formed at most one
-    region: there is nothing to merge)."""
+    compile data cd; nothing outside a compilation, or where memfuse formed at most one region
+    of its own: there is nothing to merge, the other executors' regions being theirs)."""
     if cd is None:
         return
     info = getattr(returned, "_memfuse_info", None) or {}
-    cd._memfuse_forward = Forward(source, returned) if info.get("regions_after", 0) > 1 else None
+    cd._memfuse_forward = Forward(source, returned) if info.get("own_regions", 0) > 1 else None
 
 
 def take_forward(cd):

@@ -313,6 +313,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             "regions_before": sum(1 for b in bsyms if getattr(b.sym, "is_fusion", False)),
             "regions_after": n_regions + sum(
                 1 for g in res["groups"] if len(g) == 1 and getattr(g[0].sym, "is_fusion", False)),
+            "own_regions": n_regions,  # the regions memfuse formed itself
             "ops": sum(len(g) for g in res["groups"]),
             "time_ms": elapsed_ms,
             "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
