@@ -157,6 +157,7 @@ typedef struct mf_plan_options {
                           * it to reach the large-piece paths on small graphs. */
     int no_comm_overlap; /* 1: leave collectives and waits where the plan put them */
     int no_hoists;       /* 1: no NOTE [hoists] (mf_hoist.c) */
+    int no_coarse;       /* 1: no NOTE [coarse orders] (mf_coarse.c) start for the fusion-aware moves */
     int64_t max_refine;  /* window positions the fusion-aware moves evaluate, each of the
                           * (up to three) times they run (mf_fuse.c NOTE [fusion-aware
                           * moves]); <= 0: MF_DEFAULT_REFINE_POSITIONS */

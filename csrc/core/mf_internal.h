@@ -186,6 +186,13 @@ void mf_fuse_kinds(const mf_pg *pg, const int32_t *order, const int32_t *group_p
 int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positions, int32_t *order,
                    int32_t *moves);
 
+/* Coarse orders (NOTE [coarse orders] in mf_coarse.c): g's order planned with
+ * its fusible chains contracted, into order_out (n_ops entries); *found is 0
+ * when none is given (nothing to contract, a cycle, op ids not in
+ * topological order). */
+int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t max_states, int32_t *order_out,
+                    int *found);
+
 /* Hoists (NOTE [hoists] in mf_hoist.c): on the valid order `order`, move a
  * storage's last reader, with its ancestors after the peak step, to just
  * before that step, while the unfused (peak, steps at the peak) falls.

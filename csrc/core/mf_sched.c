@@ -578,25 +578,33 @@ static int stage_fusion_moves(plan *R)
 {
     mf_plan_result *out = R->out;
     int32_t n = R->n, ng2 = 0, c;
-    int32_t *ord2, *gp2;
-    const int32_t *starts[3];
+    int32_t *ord2, *gp2, *coarse;
+    const int32_t *starts[4];
     int64_t pk2 = 0;
-    int st;
+    int st, found = 0;
     if (!R->fuse || (R->opt && R->opt->no_fusion_moves) || allowance_binds(R))
         return MF_OK;
     ord2 = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
     gp2 = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
-    if (!ord2 || !gp2)
+    coarse = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
+    if (!ord2 || !gp2 || !coarse)
         return MF_ENOMEM;
+    if (!(R->opt && R->opt->no_coarse) && (st = mf_coarse_order(R->ctx, R->a, R->g, R->max_states, coarse, &found)))
+        return st;
+    /* a view made without reading its base, or a view of it, can be ordered before the base
+     * (NOTE [coarse orders]): then no coarse start */
+    if (found && !mf_pg_order_valid(&R->pg, coarse, R->scratch))
+        found = 0;
     starts[0] = out->order;
     /* the planned order may be the heuristic one: then no second start */
     starts[1] = memcmp(R->hord[R->best_h], out->order, sizeof(int32_t) * (size_t)n) ? R->hord[R->best_h] : NULL;
     starts[2] = R->prehoist;
-    for (c = 0; c < 3; c++) {
+    starts[3] = found ? coarse : NULL; /* NOTE [coarse orders] */
+    for (c = 0; c < 4; c++) {
         int32_t moves = 0, pass;
         if (!starts[c])
             continue;
-        for (pass = c == 2 ? 0 : 1; pass < 2; pass++) { /* pass 0: the order as it is */
+        for (pass = c >= 2 ? 0 : 1; pass < 2; pass++) { /* pass 0: the order as it is */
             memcpy(ord2, starts[c], sizeof(int32_t) * (size_t)n);
             if (pass == 1) {
                 if ((st = mf_fuse_refine(R->ctx, R->a, &R->pg, R->opt ? R->opt->max_refine : 0, ord2, &moves)))
@@ -613,8 +621,8 @@ static int stage_fusion_moves(plan *R)
                 memcpy(out->group_ptr, gp2, sizeof(int32_t) * ((size_t)ng2 + 1));
                 out->n_groups = ng2;
                 out->peak_bytes = pk2;
-                out->fusion_moves = moves;
-                if (c == 2)
+                out->fusion_moves = moves + (c == 3); /* the coarse order counts as a move */
+                if (c >= 2)
                     out->hoists = 0;
                 R->peak = mf_tracker_peak(&R->tr, out->order, n);
                 out->unfused_peak_bytes = R->peak;

@@ -29,11 +29,12 @@ PyObject *mf_py_raise(const mf_ctx *ctx, int status);
 /* The planner's options as plan() and plan_trace() take them (mf_plan_options). */
 typedef struct mf_py_plan_args {
     long long max_states, dp_max_bytes, max_refine, peak_allowance;
-    int fuse, fusion_moves, comm_overlap, dp_max_ops, hoists;
+    int fuse, fusion_moves, comm_overlap, dp_max_ops, hoists, coarse;
 } mf_py_plan_args;
 /* The planner's defaults, stated once: the core's own limits (0), no peak
- * allowance, fusion, fusion-aware moves, collective overlap and hoists on. */
-#define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 0, 0, 1, 1, 1, 0, 1}
+ * allowance, fusion, fusion-aware moves, collective overlap, hoists and coarse
+ * orders on. */
+#define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 0, 0, 1, 1, 1, 0, 1, 1}
 PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa); /* -> plan dict */
 /* remat.c: recomputation (mf_remat.c NOTE [recomputation]) on b's graph and
  * its plan dict, budget in bytes; focus NULL (the search) or {lo, hi, pick}

@@ -516,6 +516,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa)
     opt.no_comm_overlap = !pa->comm_overlap;
     opt.dp_max_ops = pa->dp_max_ops;
     opt.no_hoists = !pa->hoists;
+    opt.no_coarse = !pa->coarse;
     opt.max_refine = pa->max_refine;
     opt.peak_allowance = pa->peak_allowance;
     ctx.cancel = poll_signals;

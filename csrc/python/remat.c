@@ -148,9 +148,16 @@ done:
  * [hoists]) change the first plan's order, and the search from another order
  * ends elsewhere; so where the first plan kept hoists, the passes also start
  * from the plan without them, and the lower peak wins (the plan with hoists
- * on a tie).  Where regions are formed, the focused passes (NOTE [focused
- * splits] below) then run on the winner alone: the other start would try
- * the same group at the fused peak again.  *used receives the graph the
+ * on a tie).  Where regions are formed, two more start from the plan without
+ * coarse orders (mf_coarse.c NOTE [coarse orders]): one runs every pass
+ * without them, the focused ones too, and plans its result once more with
+ * them; the other plans each pass's copies with them.  A coarse order changes
+ * each pass's order and so the copies later searches find, and any of these
+ * paths may end lowest (on the checkpointed workloads of benchmarks/ each of
+ * the last two is the lowest somewhere).  The lowest of the starts wins (the
+ * earlier one on a tie), and the focused passes (NOTE [focused splits] below)
+ * then run on the winner alone: the other starts would try the same group at
+ * the fused peak again.  *used receives the graph the
  * returned plan is for when that is one with copies (else it stays empty);
  * the caller frees it. */
 #define MF_RECOMPUTE_PASSES 3
@@ -459,7 +466,8 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
                                     const mf_py_plan_args *pa, int passes, mf_gbuf *used)
 {
     PyObject *first, *graph = NULL, *plan;
-    mf_py_plan_args nh = *pa;
+    mf_py_plan_args nh = *pa, nc;
+    int k;
     with_copies s, s2;
     s.plan = s.info = s2.plan = s2.info = NULL;
     mf_py_gbuf_init(used);
@@ -478,6 +486,28 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     if (pa->hoists && dict_ll(first, "hoists") > 0) { /* the second start: the plan without hoists */
         if (!(s2.plan = mf_py_run_plan(b, &nh)) || passes_on(b, cheap, budget, pa, passes, 0, &s2) < 0)
             goto fail;
+        if (dict_ll(s2.plan, "peak_bytes") < dict_ll(s.plan, "peak_bytes")) {
+            with_copies t = s;
+            s = s2;
+            s2 = t;
+        }
+        copies_clear(&s2);
+    }
+    nc = *pa;
+    nc.coarse = 0;
+    for (k = 0; pa->fuse && pa->coarse && k < 2; k++) { /* the starts without coarse orders */
+        PyObject *re;
+        if (!(s2.plan = mf_py_run_plan(b, &nc)) || passes_on(b, cheap, budget, k ? pa : &nc, passes, 0, &s2) < 0 ||
+            (!k && passes_on(b, cheap, budget, &nc, 0, MF_FOCUS_PASSES, &s2) < 0))
+            goto fail;
+        if (!(re = mf_py_run_plan(s2.info ? &s2.g : b, pa)))
+            goto fail;
+        if (dict_ll(re, "peak_bytes") < dict_ll(s2.plan, "peak_bytes")) {
+            Py_DECREF(s2.plan);
+            s2.plan = re;
+        } else {
+            Py_DECREF(re);
+        }
         if (dict_ll(s2.plan, "peak_bytes") < dict_ll(s.plan, "peak_bytes")) {
             with_copies t = s;
             s = s2;
