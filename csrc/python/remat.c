@@ -465,7 +465,7 @@ done:
 PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget,
                                     const mf_py_plan_args *pa, int passes, mf_gbuf *used)
 {
-    PyObject *first, *graph = NULL, *plan;
+    PyObject *first, *graph = NULL, *plan, *noc = NULL;
     mf_py_plan_args nh = *pa, nc;
     int k;
     with_copies s, s2;
@@ -495,9 +495,13 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     }
     nc = *pa;
     nc.coarse = 0;
-    for (k = 0; pa->fuse && pa->coarse && k < 2; k++) { /* the starts without coarse orders */
+    if (pa->fuse && pa->coarse && !(noc = mf_py_run_plan(b, &nc)))
+        goto fail;
+    for (k = 0; noc && k < 2; k++) { /* the starts without coarse orders */
         PyObject *re;
-        if (!(s2.plan = mf_py_run_plan(b, &nc)) || passes_on(b, cheap, budget, k ? pa : &nc, passes, 0, &s2) < 0 ||
+        Py_INCREF(noc);
+        s2.plan = noc;
+        if (passes_on(b, cheap, budget, k ? pa : &nc, passes, 0, &s2) < 0 ||
             (!k && passes_on(b, cheap, budget, &nc, 0, MF_FOCUS_PASSES, &s2) < 0))
             goto fail;
         if (!(re = mf_py_run_plan(s2.info ? &s2.g : b, pa)))
@@ -515,6 +519,7 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
         }
         copies_clear(&s2);
     }
+    Py_CLEAR(noc);
     if (passes_on(b, cheap, budget, pa, 0, MF_FOCUS_PASSES, &s) < 0)
         goto fail;
     if (!s.info) {
@@ -540,6 +545,7 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     return plan;
 fail:
     Py_XDECREF(graph);
+    Py_XDECREF(noc);
     copies_clear(&s);
     copies_clear(&s2);
     Py_DECREF(first);
