@@ -27,7 +27,9 @@
  * moves from it like its other starts, and keeps the lowest fused peak, so it
  * never makes a plan worse.  The graph's op ids must be a topological order
  * (the reader's graphs are: the trace order) and contraction must leave no
- * cycle through ordering edges; otherwise no coarse order is given. */
+ * cycle through ordering edges; otherwise no coarse order is given.  Views
+ * count through dataflow only (in traces a view's op reads its base or a view
+ * of it), so mf_plan drops an expanded order that breaks a view edge. */
 
 typedef struct coarse {
     mf_ctx *ctx;
@@ -140,7 +142,7 @@ static void join(coarse *C, int32_t k)
 
 /* The contracted graph of the clusters, planned unfused; its order expanded
  * into order_out.  *found stays 0 when the contraction has a cycle. */
-static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, const int64_t *max_states, int32_t *order_out,
+static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, int64_t max_states, int32_t *order_out,
                            int *found)
 {
     const mf_graph_desc *g = C->g;
@@ -160,7 +162,7 @@ static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, const int6
     uint8_t *isout = (uint8_t *)mf_arena_array(C->ctx, C->a, (size_t)nv + (size_t)nc + 1, 1);
     uint8_t *keep = (uint8_t *)mf_arena_array(C->ctx, C->a, (size_t)nv + 1, 1);
     uint8_t *ccomm = g->comm ? (uint8_t *)mf_arena_array(C->ctx, C->a, (size_t)nc + 1, 1) : NULL;
-    int32_t nn = 0, na = 0, changed;
+    int32_t nn = 0, na = 0;
     mf_graph_desc d;
     mf_plan_options o;
     mf_plan_result r;
@@ -168,21 +170,15 @@ static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, const int6
     if (!vid || !optr || !iptr || !oidx || !iidx || !seen || !aft || !members || !mptr || !vb || !al || !isin ||
         !isout || !keep || (g->comm && !ccomm))
         return MF_ENOMEM;
-    if (ccomm)
-        memset(ccomm, MF_COMM_NONE, (size_t)nc + 1);
     /* kept values: graph inputs and outputs, values read in another cluster, alias bases of kept ones */
     for (v = 0; v < nv; v++) {
         keep[v] = (uint8_t)(C->prod[v] < 0 || is_out(g, v));
         for (i = C->rd_ptr[v]; i < C->rd_ptr[v + 1] && !keep[v]; i++)
             keep[v] = (uint8_t)(cid[C->rd[i]] != cid[C->prod[v]]);
     }
-
-    do {
-        changed = 0;
-        for (v = 0; v < nv; v++)
-            if (keep[v] && g->alias_of && g->alias_of[v] >= 0 && !keep[g->alias_of[v]])
-                keep[g->alias_of[v]] = 1, changed = 1;
-    } while (changed);
+    for (v = 0; v < nv; v++)
+        for (i = v; keep[v] && view_base(g, i) >= 0 && !keep[view_base(g, i)]; i = view_base(g, i))
+            keep[view_base(g, i)] = 1;
     for (v = 0; v < nv; v++) {
         vid[v] = keep[v] ? nn++ : -1;
         seen[v] = -1;
@@ -265,7 +261,7 @@ static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, const int6
         return MF_OK;
     }
     memset(&o, 0, sizeof o);
-    o.max_states = *max_states;
+    o.max_states = max_states;
     o.fuse = 0;
     o.no_comm_overlap = 1;
     if ((st = mf_plan(C->ctx, &d, &o, &r)) != MF_OK)
@@ -276,7 +272,7 @@ static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, const int6
             order_out[nk++] = members[i];
     }
     mf_plan_result_free(C->ctx, &r);
-    *found = nk == n;
+    *found = 1;
     return MF_OK;
 }
 
@@ -313,5 +309,5 @@ int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t ma
     }
     if (nc == C.n) /* nothing contracted: the plan's own orders already are this one */
         return MF_OK;
-    return plan_contracted(&C, nc, cid, &max_states, order_out, found);
+    return plan_contracted(&C, nc, cid, max_states, order_out, found);
 }

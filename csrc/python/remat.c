@@ -504,13 +504,21 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
         if (passes_on(b, cheap, budget, k ? pa : &nc, passes, 0, &s2) < 0 ||
             (!k && passes_on(b, cheap, budget, &nc, 0, MF_FOCUS_PASSES, &s2) < 0))
             goto fail;
-        if (!(re = mf_py_run_plan(s2.info ? &s2.g : b, pa)))
+        /* the result planned with coarse orders: no copies, the plan of b (first); copies planned
+         * with them in every pass (k = 1), s2's own plan; else planned here */
+        if (!s2.info) {
+            re = first;
+            Py_INCREF(re);
+        } else if (k == 1) {
+            re = NULL;
+        } else if (!(re = mf_py_run_plan(&s2.g, pa))) {
             goto fail;
-        if (dict_ll(re, "peak_bytes") < dict_ll(s2.plan, "peak_bytes")) {
+        }
+        if (re && dict_ll(re, "peak_bytes") < dict_ll(s2.plan, "peak_bytes")) {
             Py_DECREF(s2.plan);
             s2.plan = re;
         } else {
-            Py_DECREF(re);
+            Py_XDECREF(re);
         }
         if (dict_ll(s2.plan, "peak_bytes") < dict_ll(s.plan, "peak_bytes")) {
             with_copies t = s;
