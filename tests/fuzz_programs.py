@@ -10,9 +10,14 @@ within float tolerance where its regions are compiled (executors=["torchcompile"
 checks that memfuse planned each trace (its `_memfuse_info`), so a pass that silently did nothing
 fails here.
 
-    python tests/fuzz_programs.py --programs 3000 --seconds 1800 [--executors torchcompile]
+Two more families (NOTE [stateful programs], NOTE [recompute next to writes]): training steps of
+modules that update buffers and parameters in place, and programs built so that recomputation copies
+ops next to in-place writes.
 
-tests/test_fuzz.py runs a seeded, time-bounded slice of it in the test command.
+    python tests/fuzz_programs.py --programs 3000 --seconds 1800 [--executors torchcompile]
+    python tests/fuzz_programs.py --family stateful --programs 200 [--executors torchcompile]
+
+tests/test_fuzz.py runs a seeded, time-bounded slice of each in the test command.
 """
 from __future__ import annotations
 
@@ -186,15 +191,20 @@ def check(p: Program, executors=None) -> Outcome:
     return Outcome("ok")
 
 
-def fuzz(seeds, *, seconds=None, executors=None, log=None):
-    """Check programs of the given seeds until done or `seconds` pass; {status: [(seed, detail)]}."""
+def fuzz(seeds, *, seconds=None, executors=None, log=None, family="plain"):
+    """Check programs of the given seeds until done or `seconds` pass; {status: [(seed, detail)]}.
+    family: "plain" (make_program), "stateful" or "recompute" (fuzz_stateful.py)."""
+    import fuzz_stateful
+
+    make, chk = {"plain": (make_program, check), "stateful": (fuzz_stateful.make_stateful, fuzz_stateful.check),
+                 "recompute": (fuzz_stateful.make_recompute, fuzz_stateful.check)}[family]
     t0 = time.monotonic()
     out: dict = {}
     for s in seeds:
         if seconds is not None and time.monotonic() - t0 > seconds:
             break
-        p = make_program(s)
-        o = check(p, executors)
+        p = make(s)
+        o = chk(p, executors)
         out.setdefault(o.status, []).append((s, o.detail))
         if log and o.status not in ("ok", "skip"):
             log(f"seed {s}: {o.status}: {o.detail}\n    {p.describe()}")
@@ -207,9 +217,10 @@ def main(argv=None):
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--executors", nargs="*", default=None, help="e.g. torchcompile")
+    ap.add_argument("--family", choices=("plain", "stateful", "recompute"), default="plain")
     a = ap.parse_args(argv)
     res = fuzz(range(a.first_seed, a.first_seed + a.programs), seconds=a.seconds, executors=a.executors,
-               log=lambda m: print(m, flush=True))
+               log=lambda m: print(m, flush=True), family=a.family)
     print({k: len(v) for k, v in res.items()})
     return 1 if any(k in res for k in ("mismatch", "unplanned", "error")) else 0
 

@@ -18,6 +18,20 @@ into one trace they would be assigned twice, so they are renamed inside their re
 The provisional regions are formed with the replaced executor's own claim (its can_fuse, matmuls
 included), so the cuts, and the activations saved for the backward, are the ones that executor's
 pass would have made.  Any failure here returns the trace as it came (unfused, never wrong).
+
+NOTE [writes stay put]  Thunder's rematerialize copies any op of a producer region into its
+consumer, except reductions, random ops and matmuls; it knows nothing of storage.  A training
+forward that updates a buffer in place (`self.ema.mul_(0.9).add_(...)`) has in its joint trace
+`update_aliases(t_ema)`, `mul`, `copy_` into the buffer; with those inside a provisional region, the
+min-cut copied the read and the write into the consumer region, and after the split the backward
+ran the forward's update a second time (wrong buffers, wrong gradients, no error).  So an op that
+writes a storage in place, and every op that reads or makes (a view of) a storage something writes
+in place, is pinned: it never joins a provisional region, so rematerialization cannot copy it across
+the write.  Which names share a storage comes from the same probe as the planner's ordering edges
+(_aliases.py NOTE [storage identity]), a may-alias counted as an alias; a write is what the planner
+counts as one (_thunder.effects EFF_WRITES), all of its tensor arguments written.  After the pass,
+the writes must be the input's, each once: anything else is an internal failure, and the trace is
+returned as it came.
 """
 from __future__ import annotations
 
@@ -44,30 +58,103 @@ def _fuse_remat_dissolve(ex, trace):
 
     start = time.perf_counter_ns()
     producers, consumers = utils.producers_and_consumers(trace)
+    pinned = pinned_ops(trace.bound_symbols)  # NOTE [writes stay put]
+
+    def claims(b):
+        return id(b) not in pinned and ex.can_fuse(b)
 
     def should_fuse(a, b):
         def ok(n):
-            return len(n.group_bsyms) > 1 or ex.can_fuse(n.group_bsyms[0])
+            return len(n.group_bsyms) > 1 or claims(n.group_bsyms[0])
 
         return ok(a) and ok(b)
 
     fused = []
     counter = 0
     for bsyms in fuse_bound_symbols(trace, should_fuse):
-        if len(bsyms) == 1 and not ex.can_fuse(bsyms[0]):
+        if len(bsyms) == 1 and not claims(bsyms[0]):
             fused.append(bsyms[0])
             continue
         fused.append(ex.fuse(Region(producers, consumers, bsyms), counter))
         counter += 1
     fused_trace = from_trace(trace)
     fused_trace.bound_symbols = fused
-    fused_trace = dce(rematerialize(fused_trace))
+    # no dce before the regions are dissolved: its no-op pruning drops any non-prim subsymbol without
+    # subsymbols of its own (a grad rule's ltorch.zeros), a real op inside a provisional region
+    fused_trace = rematerialize(fused_trace)
     out = _dissolve(ex, fused_trace)
     out = dce(out)
+    if _writes(out.bound_symbols) != _writes(trace.bound_symbols):
+        raise RuntimeError("rematerialization moved or copied an in-place write")
     out.set_provenance(TraceProvenance(
         f"memfuse fusion pass: {counter} provisional regions, rematerialized, dissolved "
         f"(took {(time.perf_counter_ns() - start) // 1_000_000} ms)"))
     return out
+
+
+def pinned_ops(bsyms) -> set:
+    """ids of the bound symbols that write a storage in place, or read or make a name of a storage
+    something in `bsyms` writes in place (NOTE [writes stay put]); empty where nothing writes."""
+    from thunder.core.proxies import TensorProxy
+
+    find, written = written_storages(bsyms)
+    if not written:
+        return set()
+
+    def touches(b):
+        return any(isinstance(p, TensorProxy) and find(p.name) in written
+                   for p in (*b.flat_proxy_args, *b.flat_proxy_outs))
+
+    return {id(b) for b in bsyms if _writes_in_place(b) or touches(b)}
+
+
+def written_storages(bsyms):
+    """(find, written): find(name) is the storage of a tensor name (a name no op aliases is its own
+    storage), written the storages an op of `bsyms` writes in place (all of its tensor arguments)."""
+    from thunder.core.proxies import TensorProxy
+
+    from . import _thunder
+    from ._aliases import aliases
+
+    parent = {}
+
+    def find(n):
+        root = n
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while parent.get(n, n) != root:  # path compression
+            parent[n], n = root, parent[n]
+        return root
+
+    writers = [b for b in bsyms if _writes_in_place(b)]
+    if not writers:
+        return find, set()
+    for b in bsyms:
+        if b.sym.id in _thunder.PROLOGUE_IDS:
+            continue
+        found = aliases(b)
+        if not found:
+            continue
+        args = b.flat_proxy_args
+        for o, e in zip(b.flat_proxy_outs, found):
+            if e is not None and isinstance(o, TensorProxy):
+                parent[find(o.name)] = find(args[e[0]].name)
+    return find, {find(a.name) for b in writers for a in b.flat_proxy_args if isinstance(a, TensorProxy)}
+
+
+def _writes_in_place(b) -> bool:
+    from . import _C, _thunder
+
+    sid = b.sym.id
+    if sid in _thunder.DROP_IDS or sid in _thunder.RETURN_IDS or sid in _thunder.PROLOGUE_IDS:
+        return False  # del, the return and the unpacks carry DONT_DCE, and write nothing
+    return bool(_thunder.effects(b) & _C.EFF_WRITES)
+
+
+def _writes(bsyms):
+    """The in-place writes of a trace, in order: (symbol, argument names, output names) each."""
+    return [(b.sym.name, tuple(a.name for a in b.flat_proxy_args), tuple(o.name for o in b.flat_proxy_outs))
+            for b in bsyms if _writes_in_place(b)]
 
 
 def _dissolve(ex, trace):

@@ -177,6 +177,21 @@ def _torch_impl_of() -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _autograd_vjps() -> frozenset:
+    """NOTE [autograd vjps]: the backward of a torch op Thunder registered automatically (no grad rule
+    of its own: `detach`, ...) is a torch-executor op named `<op>_vjp` that runs
+    torch.autograd.functional.vjp on the saved arguments.  Dynamo cannot trace that (the argument
+    pytrees), so a region holding one fails to compile and runs op by op; Thunder's torchcompile
+    executor claims them and fails the same way.  They stay outside memfuse's regions."""
+    from thunder.core.symbol import Symbol
+    from thunder.core.transforms import backward_impls
+    from thunder.executors.torchex import ex as pytorch_ex
+
+    return frozenset(v.id for v in backward_impls.values()
+                     if isinstance(v, Symbol) and v.executor is pytorch_ex and str(v.id).endswith("_vjp"))
+
+
 @memoized
 @predicate(0)
 def fusible(bsym) -> int:
@@ -186,7 +201,7 @@ def fusible(bsym) -> int:
     regions])."""
     from .._thunder import _base_name
 
-    if not tensor_op(bsym) or not pure(bsym):
+    if not tensor_op(bsym) or not pure(bsym) or bsym.sym.id in _autograd_vjps():
         return 0
     if _executor().can_fuse(bsym):
         return STORED if is_extern(bsym) else 1
