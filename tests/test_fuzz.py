@@ -52,3 +52,31 @@ def test_programs_whose_compiled_regions_wrote_into_their_inputs(seed):
     # clone, then an assignment into it) was compiled as a write into the incoming gradient, which a
     # view made by an earlier region still read; these two programs found it
     assert fp.check(fp.make_program(seed), ["torchcompile"]).status == "ok"
+
+
+# NOTE [stateful programs] (tests/fuzz_stateful.py): training steps of modules that update buffers and
+# parameters in place, under each executor configuration
+@pytest.mark.parametrize("executors", [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
+    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))], ids=["thunder", "torchcompile"])
+def test_stateful_training_steps_match(executors):
+    n = max(PROGRAMS // 16, 8) if executors else max(PROGRAMS // 8, 16)
+    res = fp.fuzz(range(20_000, 20_000 + n), seconds=SECONDS, executors=executors, family="stateful")
+    bad = {k: v for k, v in res.items() if k not in ("ok", "skip")}
+    assert not bad, f"memfuse differs from the reference on stateful steps: {bad}"
+    assert sum(len(v) for v in res.values()) == n, f"only part of {n} programs ran within {SECONDS} s"
+    assert len(res.get("ok", ())) >= n // 3, {k: len(v) for k, v in res.items()}
+
+
+# NOTE [recompute next to writes]: recomputation must copy ops in some of these programs, never one that
+# reads or makes a storage written in place
+@pytest.mark.parametrize("executors", [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
+    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))], ids=["thunder", "torchcompile"])
+def test_recomputation_next_to_in_place_writes(executors):
+    import fuzz_stateful
+
+    n = max(PROGRAMS // 20, 8) if executors else max(PROGRAMS // 8, 24)
+    res = fp.fuzz(range(30_000, 30_000 + n), seconds=SECONDS, executors=executors, family="recompute")
+    bad = {k: v for k, v in res.items() if k not in ("ok", "skip")}
+    assert not bad, f"recomputation next to writes went wrong: {bad}"
+    assert sum(len(v) for v in res.values()) == n
+    assert fuzz_stateful.copied_next_to_writes(res) >= 2, res.get("ok")

@@ -57,6 +57,7 @@ def simulate(
     graph_outputs: _Ids = (),
     aliases: _Pairs = (),
     fusible: Sequence[object] | None = None,
+    epilogues: _Pairs = (),
 ) -> tuple[int, list[int], list[int]]: ...
 def plan_trace(
     bsyms: Sequence[Any],

@@ -4,9 +4,13 @@
   rejected with a ValueError that names the fix.  `backend` (the option that predates `kernels`)
   is folded into `kernels` here: backend="cpu" is kernels="fallback", backend="cuda" is
   kernels="nvrtc".
+- Each option accepts exactly the values docs/API.md lists, by type: True and False are bools (0, 1
+  and strings are not), names are str, recompute's share a finite float in (0, MAX_SHARE].  What is
+  checked is what is stored, so validation and behaviour read the same value.
 - disabled(): THUNDER_MEMFUSE=0 (or off / false / no) in the environment turns the pass off
   everywhere: both hooks return what they were given (read at each compilation, so it can be
-  set in a running process before a function's first call).
+  set in a running process before a function's first call).  1 / on / true / yes or unset (empty)
+  leave it on; any other value is a ValueError at the next compilation that names the accepted values.
 - LOG: logging.getLogger("thunder_memfuse").  INFO: one line per planned trace (peaks, regions,
   the compiler, the plan's time); WARNING: every fallback (also given as a MemFuseWarning), and
   what only weakens a plan (a region compiler's per-op check that raised: regions/base.py
@@ -24,30 +28,57 @@ LOG.addHandler(logging.NullHandler())
 
 ENV = "THUNDER_MEMFUSE"
 _OFF = ("0", "off", "false", "no")
+_ON = ("", "1", "on", "true", "yes")
 
 _BACKENDS = {"auto": None, "cpu": "fallback", "cuda": "nvrtc"}
 
+# recompute's largest share: copies writing a hundred times what the trace's ops write are no longer a
+# cheap recomputation; the limit keeps the budget in bytes finite (and in the planner's int64)
+MAX_SHARE = 100.0
+
 
 def disabled() -> bool:
-    """Is memfuse turned off by THUNDER_MEMFUSE=0 (off, false, no)?"""
-    return os.environ.get(ENV, "").strip().lower() in _OFF
+    """Is memfuse turned off by THUNDER_MEMFUSE=0 (off, false, no)?  A value that is neither on nor
+    off is a ValueError naming them."""
+    raw = os.environ.get(ENV, "")
+    v = raw.strip().lower()
+    if v in _OFF:
+        return True
+    if v in _ON:
+        return False
+    raise ValueError(f"{ENV}={raw!r}: use {ENV}=0 (or off, false, no) to turn memfuse off, {ENV}=1 (or on, "
+                     f"true, yes, or unset) to leave it on")
+
+
+def _is_bool(v) -> bool:
+    return v is True or v is False
+
+
+def _tri(name, v):
+    """An option that is True, False or 'auto' (bools by type: 0 and 1 are not)."""
+    if _is_bool(v) or (type(v) is str and v == "auto"):
+        return v
+    raise ValueError(f"MemFuse: {name} must be True, False or 'auto', got {v!r}")
+
+
+def check_bool(name, v) -> bool:
+    if not _is_bool(v):
+        raise ValueError(f"MemFuse: {name} must be True or False, got {v!r}")
+    return v
 
 
 def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallback_regions=False) -> str:
     """Validate MemFuse's options; returns `kernels` with `backend` folded into it."""
     from . import regions
 
-    if kernels not in regions.KERNELS:
+    if type(kernels) is not str or kernels not in regions.KERNELS:
         raise ValueError(f"MemFuse: kernels must be one of {regions.KERNELS}, got {kernels!r}")
-    if backend not in _BACKENDS:
+    if type(backend) is not str or backend not in _BACKENDS:
         raise ValueError(f"MemFuse: backend must be one of {tuple(_BACKENDS)}, got {backend!r} "
                          "(backend is the older spelling of kernels: use kernels=...)")
-    if fuse not in (True, False, "auto"):
-        raise ValueError(f"MemFuse: fuse must be True, False or 'auto', got {fuse!r}")
-    if replace_fusion not in (True, False, "auto"):
-        raise ValueError(f"MemFuse: replace_fusion must be True, False or 'auto', got {replace_fusion!r}")
-    if not isinstance(comm_overlap, bool):
-        raise ValueError(f"MemFuse: comm_overlap must be True or False, got {comm_overlap!r}")
+    _tri("fuse", fuse)
+    _tri("replace_fusion", replace_fusion)
+    check_bool("comm_overlap", comm_overlap)
     folded = _BACKENDS[backend]
     if folded is not None:
         if kernels not in ("auto", folded):
@@ -77,11 +108,19 @@ def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallb
 
 
 def check_recompute(recompute):
-    """recompute: "auto", True, False, or a share (a float > 0) of the bytes a trace's ops write."""
+    """recompute: "auto", True, False, or a share (a finite number in (0, MAX_SHARE]) of the bytes a
+    trace's ops write."""
+    import math
+
     # identity, not equality: 1 and 1.0 equal True, and are shares
-    if recompute is True or recompute is False or (isinstance(recompute, str) and recompute == "auto"):
+    if _is_bool(recompute) or (type(recompute) is str and recompute == "auto"):
         return recompute
-    if isinstance(recompute, (int, float)) and not isinstance(recompute, bool) and recompute > 0:
-        return float(recompute)
-    raise ValueError(f"MemFuse: recompute must be 'auto', True, False or a share > 0 of the bytes a trace "
-                     f"writes (0.25: the copies may write a quarter of that), got {recompute!r}")
+    if isinstance(recompute, (int, float)) and not isinstance(recompute, bool):
+        try:
+            share = float(recompute)
+        except OverflowError:  # an int past float's range
+            share = math.inf
+        if math.isfinite(share) and 0 < share <= MAX_SHARE:  # NaN fails both
+            return share
+    raise ValueError(f"MemFuse: recompute must be 'auto', True, False or a share in (0, {MAX_SHARE:g}] of the "
+                     f"bytes a trace writes (0.25: the copies may write a quarter of that), got {recompute!r}")

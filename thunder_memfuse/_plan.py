@@ -106,7 +106,8 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
 def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int],
              groups: Optional[Sequence[Sequence[int]]] = None, *, graph_inputs: Sequence[int] = (),
              graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (),
-             fusible: Optional[Sequence[bool | int]] = None) -> Tuple[int, list[int], list[int]]:
+             fusible: Optional[Sequence[bool | int]] = None,
+             epilogues: Sequence[Pair] = ()) -> Tuple[int, list[int], list[int]]:
     """Score a schedule with the core's cost model.
 
     order: every op once, keeping every dependency.  groups (optional): lists
@@ -115,6 +116,8 @@ def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int]
     Returns (peak_bytes, step_bytes, live_after): the peak, the memory while
     each step (op or group) runs, and the live bytes after each step.
     fusible: as plan()'s; only the stored level (2) changes a group's cost.
+    epilogues: as plan()'s: a two-op group (u, v) where v is u's epilogue runs as an epilogue pair, so
+    a plan's order, groups, fusible and epilogues give back its peak_bytes.
     """
     return _C.simulate(ops, value_bytes, order, groups, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
-                       aliases=aliases, fusible=fusible)
+                       aliases=aliases, fusible=fusible, epilogues=epilogues)

@@ -24,6 +24,7 @@ from thunder.core.proxies import TensorProxy, variableify
 
 # the budget, as a share of the bytes the trace's ops write, when recompute="auto"
 DEFAULT_SHARE = 0.25
+BUDGET_MAX = 2**63 - 1  # the planner's budget is an int64
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,7 +96,11 @@ def budget_bytes(bsyms, setting) -> int:
         for o in b.flat_proxy_outs:
             if isinstance(o, TensorProxy):
                 total += _bytes(o)
-    return int(total * share)
+    # exact integer arithmetic (a float product of a huge trace overflows), clamped to what the planner
+    # takes: a trace too large to plan then gets the planner's own message about its size
+    from fractions import Fraction
+
+    return min(int(total * Fraction(share)), BUDGET_MAX)
 
 
 def _bytes(p) -> int:

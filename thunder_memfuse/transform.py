@@ -26,7 +26,7 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _options, _recompute, _step, _thunder, regions
+from . import _C, _options, _recompute, _step, _thunder, attention, regions
 from ._options import LOG
 from .errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
@@ -160,7 +160,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
                                               replace_fusion=replace_fusion, comm_overlap=comm_overlap,
                                               fallback_regions=_fallback_regions)
         self.max_states = _C._validate_max_states(max_states)  # the same check as plan()'s
-        self.strict = bool(strict)
+        self.strict = _options.check_bool("strict", strict)
         self.fuse = fuse
         self.replace_fusion = replace_fusion
         self.comm_overlap = comm_overlap
@@ -188,6 +188,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             LOG.info("memfuse is off (%s=0): traces left as Thunder made them", _options.ENV)
             return prologue_trace, computation_trace, epilogue_trace
         try:
+            attention.add_to(get_compile_data())  # attention.py NOTE [attention kept whole]
             if self.replace_fusion is True or (self.replace_fusion == "auto" and self._replaces(computation_trace)):
                 _replace_fusion_executors(get_compile_data())
         except Exception as e:  # the compilation goes on with its executors

@@ -59,6 +59,9 @@ PyObject *mf_py_tuple(PyObject *o, const char *what);
 /* max_states: None (-> 0, the default) or an int in [1, 2**63 - 1], not a
  * bool; TypeError / ValueError naming the range.  0 or -1. */
 int mf_py_max_states(PyObject *ms, long long *out);
+/* An optional int argument in [0, hi] named `name` (NULL: not given, *out kept); what it counts goes
+ * into the TypeError / ValueError. */
+int mf_py_count_arg(PyObject *o, const char *name, const char *what, long long hi, long long *out);
 
 /* graph_dict.c: a built graph as plan()'s keyword arguments (ops, value_bytes,
  * graph_inputs, graph_outputs, aliases, fusible, after, comm), for reports

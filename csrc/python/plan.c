@@ -14,6 +14,7 @@
  * make the binding read past the end or use a freed item.
  */
 #include "mf_py.h"
+#include <limits.h>
 #include <string.h>
 #include <time.h>
 
@@ -119,6 +120,29 @@ int mf_py_max_states(PyObject *ms, long long *out)
         return -1;
     if (overflow || v < 1) {
         PyErr_Format(PyExc_ValueError, "max_states must be an int in [1, 2**63 - 1] or None, got %R", ms);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* An optional count argument of plan() or plan_trace() (NULL: not given, *out unchanged): an int in
+ * [0, hi]; what says what it counts.  Errors name the argument. */
+int mf_py_count_arg(PyObject *o, const char *name, const char *what, long long hi, long long *out)
+{
+    long long v;
+    int overflow = 0;
+    if (!o)
+        return 0;
+    if (PyBool_Check(o) || !PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int (%s >= 0), not %.80s", name, what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || v < 0 || v > hi) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s in [0, %lld], got %R", name, what, hi, o);
         return -1;
     }
     *out = v;
@@ -544,7 +568,8 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
                              "cheap", "_recompute_passes", "_hoists", "peak_allowance", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
-    long long budget = 0;
+    PyObject *dp_ops_o = NULL, *dp_bytes_o = NULL, *budget_o = NULL, *passes_o = NULL, *allowance_o = NULL;
+    long long budget = 0, n = 0;
     uint8_t *cheap = NULL;
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
@@ -554,18 +579,21 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpiLOpLOipL:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
-                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_max_ops, &dp_max_bytes, &cm,
-                                     &comm_overlap, &budget, &ch, &passes, &hoists, &allowance))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_ops_o, &dp_bytes_o, &cm,
+                                     &comm_overlap, &budget_o, &ch, &passes_o, &hoists, &allowance_o))
         return NULL;
-    if (allowance < 0) {
-        PyErr_SetString(PyExc_ValueError, "peak_allowance must be a number of bytes >= 0");
+    if (mf_py_count_arg(allowance_o, "peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
+        mf_py_count_arg(budget_o, "recompute", "a budget in bytes", LLONG_MAX, &budget) < 0 ||
+        mf_py_count_arg(dp_bytes_o, "_dp_max_bytes", "a number of bytes", LLONG_MAX, &dp_max_bytes) < 0)
         return NULL;
-    }
-    if (budget < 0) {
-        PyErr_SetString(PyExc_ValueError, "recompute must be a budget in bytes >= 0");
+    if (mf_py_count_arg(dp_ops_o, "_dp_max_ops", "a number of ops", INT_MAX, &n) < 0)
         return NULL;
-    }
+    dp_max_ops = (int)n;
+    n = 0;
+    if (mf_py_count_arg(passes_o, "_recompute_passes", "a number of passes", INT_MAX, &n) < 0)
+        return NULL;
+    passes = (int)n;
     if (mf_py_max_states(ms, &max_states) < 0)
         return NULL;
     if (!(empty = PyTuple_New(0)))
@@ -698,8 +726,9 @@ done:
 static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",     "value_bytes", "order", "groups", "graph_inputs",
-                             "graph_outputs", "aliases", "fusible", NULL};
+                             "graph_outputs", "aliases", "fusible", "epilogues", NULL};
     PyObject *ops, *vb, *order_o, *groups_o = Py_None, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None;
+    PyObject *ep = NULL;
     PyObject *empty = NULL, *out = NULL;
     int32_t *order = NULL, *gptr = NULL;
     int64_t *steps = NULL, *live = NULL, peak = 0;
@@ -710,14 +739,14 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
     int st;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
-                                     &go, &al, &fu))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOOOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
+                                     &go, &al, &fu, &ep))
         return NULL;
     if (!(empty = PyTuple_New(0)))
         return NULL;
     mf_py_gbuf_init(&b);
     mf_py_ctx_init(&ctx);
-    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, empty, NULL) < 0)
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, empty, ep) < 0)
         goto done;
     mf_gbuf_desc(&b, &desc);
     if ((st = mf_graph_check(&ctx, &desc)) != MF_OK) {
@@ -784,9 +813,11 @@ static PyMethodDef plan_methods[] = {
      "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3); _hoists=False: no NOTE [hoists]."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
-     "aliases=(), fusible=None)\n--\n\n"
+     "aliases=(), fusible=None, epilogues=())\n--\n\n"
      "Score a schedule with the core's cost model; returns (peak, step_bytes, live_after).\n"
      "fusible: as plan()'s; only its stored level (2) matters here (NOTE [stored inner values]).\n"
+     "epilogues: as plan()'s; a two-op group (u, v) with v the epilogue of u is an epilogue pair, so a "
+     "plan's groups and epilogues give plan()'s peak.\n"
      "order must be a permutation of the ops that keeps every dependency; groups (optional) must be non-empty "
      "consecutive runs of order.  Otherwise ValueError names the problem."},
     {"_validate_max_states", (PyCFunction)py_validate_max_states, METH_O,

@@ -50,6 +50,7 @@
  * introduces no new value; any other name produced twice is an error.
  */
 #include "trace_walk.h"
+#include <limits.h>
 #include <string.h>
 
 enum { RECORD_OP = 0, RECORD_PROLOGUE = 1, RECORD_DROP = 2, RECORD_RETURN = 3 };
@@ -400,6 +401,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     PyObject *plan = NULL, *groups = NULL, *kinds = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, comm_overlap = 1, have_used = 0, st;
     long long max_states = 0, recompute = 0, allowance = 0;
+    PyObject *recompute_o = NULL, *allowance_o = NULL;
     const uint8_t *cheap = NULL;
     mf_graph_desc d;
     mf_ctx pc;
@@ -413,17 +415,12 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_py_ctx_init(&pc);
     mf_builder_init(&w.B, &pc);
     mf_gbuf_init(&used, &pc);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpLL:plan_trace", kwlist, &bsyms, &records, &tensor_type,
-                                     &ms, &fuse, &freeable, &comm_overlap, &recompute, &allowance))
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpOO:plan_trace", kwlist, &bsyms, &records, &tensor_type,
+                                     &ms, &fuse, &freeable, &comm_overlap, &recompute_o, &allowance_o))
         goto done;
-    if (allowance < 0) {
-        PyErr_SetString(PyExc_ValueError, "plan_trace: peak_allowance must be a number of bytes >= 0");
+    if (mf_py_count_arg(allowance_o, "plan_trace: peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
+        mf_py_count_arg(recompute_o, "plan_trace: recompute", "a budget in bytes", LLONG_MAX, &recompute) < 0)
         goto done;
-    }
-    if (recompute < 0) {
-        PyErr_SetString(PyExc_ValueError, "plan_trace: recompute must be a budget in bytes >= 0");
-        goto done;
-    }
     if (!tensor_type) {
         PyErr_SetString(PyExc_TypeError, "plan_trace: tensor_type is required");
         goto done;
