@@ -1,0 +1,154 @@
+"""Attention kept whole on CPU tensors (thunder_memfuse/attention.py NOTE [attention kept whole]): with
+memfuse, F.scaled_dot_product_attention runs torch's fused CPU kernels, forward and backward, with eager's
+numbers; the step saves the logsumexp, never a tokens x tokens tensor; what the kernel cannot take runs
+decomposed with the reason logged and summarized."""
+import copy
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import thunder
+
+from thunder_memfuse import MemFuse, attention
+from thunder_memfuse.regions import torchcompile as tc
+
+B, H, T, E = 2, 4, 48, 16
+
+
+class Attn(torch.nn.Module):
+    def __init__(self, *, causal=False, mask=None, dropout=0.0, kv_heads=H, lk=None, dtype=torch.float32):
+        super().__init__()
+        self.q = torch.nn.Linear(E, H * E, dtype=dtype)
+        self.k = torch.nn.Linear(E, kv_heads * E, dtype=dtype)
+        self.v = torch.nn.Linear(E, kv_heads * E, dtype=dtype)
+        self.causal, self.mask, self.dropout, self.kv_heads, self.lk = causal, mask, dropout, kv_heads, lk
+
+    def forward(self, x, mem):
+        q = self.q(x).view(B, T, H, E).transpose(1, 2)
+        src = mem if self.lk else x
+        L = src.shape[1]
+        k = self.k(src).view(B, L, self.kv_heads, E).transpose(1, 2)
+        v = self.v(src).view(B, L, self.kv_heads, E).transpose(1, 2)
+        if self.kv_heads < H:  # grouped-query attention as HF and LitGPT models run it: k and v repeated
+            k, v = (t.repeat_interleave(H // self.kv_heads, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=self.dropout,
+                                           is_causal=self.causal)
+        return (y.tanh() * 2).sum()
+
+
+def _step(model, call, dtype=torch.float32, lk=None):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, T, E, generator=g, dtype=dtype)
+    mem = torch.randn(B, lk or T, E, generator=g, dtype=dtype)
+    for p in model.parameters():
+        p.grad = None
+    loss = call(x, mem)
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+def _ops(trace):
+    return [b.sym.name for b in trace.bound_symbols]
+
+
+CASES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "float mask 4d": dict(mask=torch.randn(B, 1, T, T)),
+    "float mask 2d": dict(mask=torch.randn(T, T)),
+    "bool mask": dict(mask=torch.rand(T, T) > 0.3),
+    "padding mask": dict(mask=torch.where(torch.arange(T) < T - 5, 0.0, -math.inf).view(1, 1, 1, T).expand(B, 1, T, T)),
+    "cross attention": dict(lk=32),
+    "grouped-query": dict(kv_heads=2, causal=True),
+    "float64": dict(dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("executors", [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
+    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))], ids=["thunder", "torchcompile"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_attention_gives_eagers_numbers(case, executors):
+    kw = dict(CASES[case])
+    if kw.get("lk") and "mask" in kw:
+        pytest.skip("no mask for cross attention here")
+    dtype = kw.get("dtype", torch.float32)
+    torch.manual_seed(0)
+    model = Attn(**kw)
+    eager = copy.deepcopy(model)
+    want = _step(eager, eager, dtype, kw.get("lk"))
+    jm = thunder.jit(model, transforms=[MemFuse(strict=True)], **({"executors": executors} if executors else {}))
+    got = _step(model, jm, dtype, kw.get("lk"))
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-10)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
+    fw, bw = thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]
+    assert "memfuse_sdpa_cpu_forward" in _ops(fw) and "memfuse_sdpa_cpu_backward" in _ops(bw)
+    assert attention.attention_summary(thunder.compile_data(jm)) == {"fused": 1, "decomposed": []}
+    # what crosses to the backward: no batch x heads x T x T tensor, the logsumexp instead
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    saved = get_saved_for_backward_tensors(fw)
+    assert not any(tuple(t.shape) == (B, H, T, kw.get("lk") or T) for t in saved)  # (a user's mask may be saved)
+    assert any(tuple(t.shape) == (B, H, T) for t in saved)
+
+
+def test_plain_thunder_makes_the_attention_matrix_that_memfuse_does_not():
+    """The difference is real: without memfuse, Thunder on a CPU saves a T x T tensor per head."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    torch.manual_seed(0)
+    model = Attn(causal=True)
+    jm = thunder.jit(model)
+    _step(model, jm)
+    saved = get_saved_for_backward_tensors(thunder.last_traces(jm)[-1])
+    assert any(tuple(t.shape) == (B, H, T, T) for t in saved)
+
+
+def test_what_the_kernel_cannot_take_runs_decomposed_and_says_why(caplog):
+    """Dropout: the CPU kernel has none.  The step still runs, decomposed, with the reason logged once."""
+    torch.manual_seed(0)
+    model = Attn(dropout=0.1)
+    reason = "dropout"
+    attention._logged.clear()
+    jm = thunder.jit(model, transforms=[MemFuse()])
+    with caplog.at_level(logging.WARNING, logger="thunder_memfuse"):
+        _step(model, jm)
+    summary = attention.attention_summary(thunder.compile_data(jm))
+    assert summary["fused"] == 0 and any(reason in r for r in summary["decomposed"]), summary
+    assert any(reason in r.getMessage() and "runs decomposed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_checker_leaves_cuda_and_declines_what_it_cannot_run():
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    with tracectx(TraceCtx()):
+        q = TensorProxy(shape=(B, H, T, E), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        q3 = TensorProxy(shape=(B, T, E), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        qc = TensorProxy(shape=(B, H, T, E), device=thunder.devices.Device("cuda:0"), dtype=thunder.dtypes.float32)
+        vi = TensorProxy(shape=(B, H, T, 8), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        m16 = TensorProxy(shape=(T, T), device=thunder.devices.cpu, dtype=thunder.dtypes.float16)
+        mg = TensorProxy(shape=(T, T), device=thunder.devices.cpu, dtype=thunder.dtypes.float32, requires_grad=True)
+        m32 = TensorProxy(shape=(T, T), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        m3 = TensorProxy(shape=(B, T, T), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        assert attention.declined(q, q, q) is None
+        assert attention.declined(qc, qc, qc) == ""  # Thunder's sdpa / cuDNN executors' to take
+        assert "4-D" in attention.declined(q3, q3, q3)
+        assert "value head size" in attention.declined(q, q, vi)
+        assert "dtype" in attention.declined(q, q, q, m16)
+        assert "gradient" in attention.declined(q, q, q, mg)
+        assert "is_causal" in attention.declined(q, q, q, m32, 0.0, True)
+        assert "3-D attention mask" in attention.declined(q, q, q, m3)
+        assert attention.declined(q, q, q, m32) is None and attention.declined(q, q, q, None, 0.0, True) is None
+
+
+def test_plain_thunder_without_memfuse_is_untouched():
+    """The executor is added by memfuse's hook only: a jit without memfuse keeps Thunder's executors."""
+    jm = thunder.jit(Attn())
+    assert attention.NAME not in [e.name for e in thunder.compile_data(jm).executors_list]
+    model = Attn()
+    jm2 = thunder.jit(model, transforms=[MemFuse()])
+    _step(model, jm2)
+    assert thunder.compile_data(jm2).executors_list[0].name == attention.NAME
