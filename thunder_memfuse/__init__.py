@@ -8,9 +8,15 @@
 Thunder-dependent names (memfuse, MemFuse, report, plot_timeline) are loaded
 lazily, so `plan()` works without importing Thunder; the plots need matplotlib
 (the `[plot]` extra).  Errors derive from MemFuseError, warnings are
-MemFuseWarning (thunder_memfuse.errors).
+MemFuseWarning (thunder_memfuse.errors).  On a torch or Thunder version it does
+not support, importing the package is an ImportError naming the versions and the
+fix (thunder_memfuse/_versions.py).
 """
-import _thunder_memfuse_boot
+from . import _versions
+
+_versions.check()  # first: an unsupported torch must not fail later with an unrelated error
+
+import _thunder_memfuse_boot  # noqa: E402
 
 _thunder_memfuse_boot.apply()
 
@@ -41,7 +47,14 @@ def __getattr__(name):
         import importlib
 
         mod, attr = _LAZY[name]
-        value = getattr(importlib.import_module(mod), attr)
+        try:
+            value = getattr(importlib.import_module(mod), attr)
+        except Exception as e:
+            # An AttributeError escaping here (Thunder's import raises one on an unsupported torch)
+            # would turn `from thunder_memfuse import memfuse` into "cannot import name 'memfuse'",
+            # hiding the cause: name it, and chain it.
+            raise ImportError(f"thunder_memfuse.{name} could not be loaded: importing {mod} failed with "
+                              f"{type(e).__name__}: {e}", name=mod) from e
         globals()[name] = value
         return value
     raise AttributeError(f"module 'thunder_memfuse' has no attribute {name!r}")

@@ -1,0 +1,110 @@
+"""What a person at the keyboard meets first (issue 34): supported versions stated and enforced,
+import failures that name their cause, warning filters that work whenever they are set, misuse
+that names the fix, the reorder-only mode called that."""
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+
+import pytest
+
+from thunder_memfuse import _versions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code, env=None, cwd=ROOT):
+    full_env = dict(os.environ)
+    full_env.pop(_versions.IGNORE_ENV, None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=300)
+
+
+# supported versions ------------------------------------------------------------------------------
+
+def test_the_runtime_requirement_states_the_range_the_import_enforces():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    assert _versions.TORCH_SPEC in deps, deps
+    assert f"lightning-thunder=={_versions.THUNDER}" in deps
+    import torch
+
+    assert _versions.torch_supported(torch.__version__)  # the torch these tests run on
+
+
+@pytest.mark.parametrize("version,ok", [("2.13.0+cpu", True), ("2.13.1", True), ("2.7.1", True),
+                                        ("2.13.0a0+git1234", True), ("2.14.0", False), ("2.14.1", False),
+                                        ("2.14.0.dev20260101+cpu", False), ("3.0.0", False), ("2.7.0", False),
+                                        ("2.5.1+cu121", False)])
+def test_torch_range(version, ok):
+    assert _versions.torch_supported(version) is ok
+
+
+def test_unsupported_torch_message_names_version_range_and_fix():
+    (msg,) = _versions.problems("2.14.1", _versions.THUNDER)
+    assert "torch 2.14.1 is installed" in msg and _versions.TORCH_SPEC in msg
+    assert "cannot be imported on torch 2.14 or newer" in msg
+    assert f"pip install 'torch=={_versions.TORCH_TESTED}'" in msg
+    (old,) = _versions.problems("2.5.1", _versions.THUNDER)
+    assert "torch 2.5.1 is installed" in old and f"needs torch {_versions.TORCH_MIN} or newer" in old
+    (thunder,) = _versions.problems("2.13.0", "0.3.0")
+    assert "lightning-thunder 0.3.0 is installed" in thunder and "pip install 'lightning-thunder==0.2.6'" in thunder
+    assert _versions.problems("2.13.0+cpu", "0.2.6") == []
+    assert "torch is not installed" in _versions.problems(None, None)[0]
+
+
+@pytest.mark.parametrize("statement", ["import thunder_memfuse", "from thunder_memfuse import memfuse",
+                                       "from thunder_memfuse import plan"])
+def test_importing_on_an_unsupported_torch_is_an_import_error_naming_the_fix(statement):
+    r = _run(f"""
+        import torch
+        torch.__version__ = "2.14.1"   # what pip would install as the newest torch
+        try:
+            {statement}
+        except ImportError as e:
+            print("RAISED", type(e).__name__, e)
+        else:
+            print("IMPORTED")
+    """)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "RAISED ImportError" in out, out + r.stderr
+    assert "torch 2.14.1 is installed" in out and "torch>=2.7.1,<2.14" in out
+    assert "pip install 'torch==2.13.0'" in out and _versions.IGNORE_ENV in out
+    assert "cannot import name" not in out
+
+
+def test_the_version_check_can_be_skipped_on_request():
+    r = _run("""
+        import torch
+        torch.__version__ = "2.14.1"
+        import thunder_memfuse
+        print("IMPORTED", thunder_memfuse.plan is not None)
+    """, env={_versions.IGNORE_ENV: "1"})
+    assert r.returncode == 0 and "IMPORTED True" in r.stdout, r.stderr
+
+
+def test_a_failing_lazy_import_names_its_real_cause(tmp_path):
+    # a Thunder whose import fails as Thunder 0.2.6's does on a torch it does not support
+    fake = tmp_path / "thunder"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise AttributeError(\"'builtin_function_or_method' object has no "
+                                      "attribute '__func__'\")\n")
+    r = _run(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        try:
+            from thunder_memfuse import memfuse
+        except ImportError as e:
+            print("RAISED", type(e).__name__, e)
+            print("CAUSE", type(e.__cause__).__name__)
+        else:
+            print("IMPORTED")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "RAISED ImportError thunder_memfuse.memfuse could not be loaded" in r.stdout, r.stdout + r.stderr
+    assert "AttributeError: 'builtin_function_or_method' object has no attribute '__func__'" in r.stdout
+    assert "CAUSE AttributeError" in r.stdout
+    assert "cannot import name" not in r.stdout
