@@ -4,7 +4,7 @@ NOTE [supported versions]: memfuse runs inside lightning-thunder 0.2.6 (pinned: 
 traces, compile data and executors), so the torch range is the one Thunder 0.2.6 imports and runs
 with, given our import shim (_thunder_memfuse_boot.py):
 - the floor is Thunder 0.2.6's own requirement (its metadata says torch>=2.7.1);
-- the ceiling is the first minor release on which Thunder 0.2.6 cannot be imported: torch 2.14's
+- the ceiling (TORCH_BELOW) is the first minor release on which Thunder 0.2.6 cannot be imported: there
   `torch.autograd.function.Function.apply` has no `__func__`, which thunder/core/jit_ext.py reads at
   import time, and the shim does not patch Thunder's code.
 The range is repeated in pyproject.toml's runtime requirement (so pip refuses a torch outside it)
