@@ -108,3 +108,60 @@ def test_a_failing_lazy_import_names_its_real_cause(tmp_path):
     assert "AttributeError: 'builtin_function_or_method' object has no attribute '__func__'" in r.stdout
     assert "CAUSE AttributeError" in r.stdout
     assert "cannot import name" not in r.stdout
+
+
+# warnings ----------------------------------------------------------------------------------------
+
+def _memfuse_warnings(rec):
+    import thunder_memfuse as tm
+
+    return [w for w in rec if issubclass(w.category, tm.MemFuseWarning)]
+
+
+def test_an_error_filter_set_after_the_first_warning_still_fires():
+    import warnings
+
+    import thunder
+    import torch
+
+    import thunder_memfuse as tm
+    from thunder_memfuse import MemFuse, regions
+
+    regions.reset_warnings()
+    x = torch.randn(8)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("default", tm.MemFuseWarning)
+        thunder.jit(lambda t: t.sin() * 2, transforms=[MemFuse(kernels="nvrtc")])(x)
+        thunder.jit(lambda t: t.cos() * 2, transforms=[MemFuse(kernels="nvrtc")])(x)  # said once
+    assert len(_memfuse_warnings(rec)) == 1
+    with warnings.catch_warnings():  # as the README offers it, after the first occurrence
+        warnings.filterwarnings("error", category=tm.MemFuseWarning)
+        with pytest.raises(tm.MemFuseWarning, match=r"kernels='nvrtc' cannot build regions"):
+            thunder.jit(lambda t: t.tan() * 2, transforms=[MemFuse(kernels="nvrtc")])(x)
+        with pytest.raises(tm.MemFuseWarning):  # "error" asks for every occurrence
+            thunder.jit(lambda t: t.exp() * 2, transforms=[MemFuse(kernels="nvrtc")])(x)
+    with warnings.catch_warnings(record=True) as rec:  # an "ignore" in between does not use up the warning
+        warnings.simplefilter("ignore", tm.MemFuseWarning)
+        thunder.jit(lambda t: t.sinh() * 2, transforms=[MemFuse(kernels="nvrtc")])(x)
+        warnings.simplefilter("default", tm.MemFuseWarning)
+        thunder.jit(lambda t: t.cosh() * 2, transforms=[MemFuse(kernels="nvrtc")])(x)
+    assert len(_memfuse_warnings(rec)) == 1
+
+
+def test_a_warning_filter_matches_the_users_line_and_module():
+    import warnings
+
+    from thunder_memfuse import errors
+
+    errors.forget_said()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("default")
+        # a filter for another module leaves the warning said once; one for this module makes it an error
+        warnings.filterwarnings("error", category=errors.MemFuseWarning, module="some_other_module")
+        errors.warn("memfuse: test once", once="test-key")
+        errors.warn("memfuse: test once", once="test-key")
+        assert len(_memfuse_warnings(rec)) == 1 and rec[-1].filename == __file__
+        warnings.filterwarnings("error", category=errors.MemFuseWarning, module=__name__)
+        with pytest.raises(errors.MemFuseWarning, match="test once"):
+            errors.warn("memfuse: test once", once="test-key")
+    errors.forget_said()

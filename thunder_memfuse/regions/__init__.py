@@ -17,15 +17,11 @@ What a region may hold follows the chosen compiler (its `fusible`); the cost mod
 from __future__ import annotations
 
 import importlib
-import threading
 
 from .base import Group, RegionCompiler, make_group, region_kind  # noqa: F401  (the interface: regions/base.py)
 
 COMPILERS = ("nvrtc", "torchcompile", "nvfuser", "fallback")
 KERNELS = ("auto",) + COMPILERS
-
-_warned = set()
-_warn_lock = threading.Lock()
 
 
 def compiler(name: str):
@@ -99,21 +95,19 @@ def resolve(kernels: str, *, cuda: bool, compiling_peer: bool = True, strict: bo
 
 
 def _warn_once(key, message: str) -> None:
-    with _warn_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
+    """Once per process and reason, unless the user's warning filters changed what they do with
+    it since (errors.py NOTE [once, within the user's filters])."""
     from ..errors import warn
 
-    warn(message)
+    warn(message, once=(__name__, key))
 
 
 def reset_warnings() -> None:
     """Forget which fall-back warnings were given, and which predicate failures were logged (tests)."""
     from . import base
+    from ..errors import forget_said
 
-    with _warn_lock:
-        _warned.clear()
+    forget_said()
     with base._reasons_lock:
         base._reasons.clear()
 

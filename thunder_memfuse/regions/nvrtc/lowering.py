@@ -265,13 +265,11 @@ def _fusible(bsym) -> bool:
     except _Unsupported:
         return False
     except Exception as e:  # a case the lowering did not foresee: say so (once), keep the op out of kernels
-        from ..base import first_time
+        from ...errors import warn
 
-        if first_time((__name__, str(bsym.sym.name), type(e).__name__)):
-            from ...errors import warn
-
-            warn(f"memfuse nvrtc: {bsym.sym.name} stays out of generated kernels: lowering it raised "
-                 f"{type(e).__name__}: {e} (said once per op and exception type)")
+        warn(f"memfuse nvrtc: {bsym.sym.name} stays out of generated kernels: lowering it raised "
+             f"{type(e).__name__}: {e} (said once per op and exception type)",
+             once=(__name__, str(bsym.sym.name), type(e).__name__))
         return False
 
 
