@@ -165,3 +165,23 @@ def test_a_warning_filter_matches_the_users_line_and_module():
         with pytest.raises(errors.MemFuseWarning, match="test once"):
             errors.warn("memfuse: test once", once="test-key")
     errors.forget_said()
+
+
+# --device cuda without CUDA ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("build,said", [(None, "is a build without CUDA"),
+                                        ("12.8", "no CUDA device is visible")])
+def test_seed_on_cuda_without_cuda_says_so(monkeypatch, capsys, build, said):
+    import torch
+
+    from thunder_memfuse import seed
+
+    monkeypatch.setattr(torch.version, "cuda", build)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        seed.main(["--device", "cuda"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: " in err and said in err and "Run without --device" in err
+    assert "AssertionError" not in err

@@ -241,6 +241,18 @@ def plot_results(results, device, n_paths, size, path):
     return written
 
 
+def cuda_unavailable():
+    """Why this process cannot run on CUDA (None: it can): a CPU-only build of torch, or no device."""
+    import torch
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"this torch ({torch.__version__}) is a build without CUDA"
+    if not torch.cuda.is_available():
+        return (f"torch {torch.__version__} is built with CUDA {torch.version.cuda}, but no CUDA device "
+                f"is visible (torch.cuda.is_available() is False: no GPU, no driver, or CUDA_VISIBLE_DEVICES)")
+    return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -253,6 +265,11 @@ def main(argv=None):
                          "the [plot] extra); PATH gets -efficient / -inefficient before its suffix")
     ap.add_argument("--time-iters", type=int, default=0, help="also time each variant: median of N calls")
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not args.plan_only:
+        problem = cuda_unavailable()
+        if problem:
+            ap.error(f"--device cuda: {problem}. Run without --device (the CPU comparison), with --plan-only, "
+                     f"or on a machine with an NVIDIA GPU and a CUDA build of torch")
     nbytes = args.size * args.size * 4
     report = {"plan": plan_section(args.paths, nbytes)}
     if not args.plan_only:
