@@ -185,3 +185,52 @@ def test_seed_on_cuda_without_cuda_says_so(monkeypatch, capsys, build, said):
     err = capsys.readouterr().err
     assert "--device cuda: " in err and said in err and "Run without --device" in err
     assert "AssertionError" not in err
+
+
+# reorder-only is not a fallback ------------------------------------------------------------------
+
+def _seed_jit(**kw):
+    import thunder
+    import torch
+
+    from thunder_memfuse.seed import memory_peak_inefficient_func
+
+    torch.manual_seed(0)
+    t0s, a = [torch.randn(32, 32) for _ in range(4)], torch.randn(32, 32)
+    jf = thunder.jit(memory_peak_inefficient_func, **kw)
+    jf(t0s, a)
+    return jf
+
+
+def test_plain_jit_on_cpu_is_called_reorder_only(caplog):
+    import logging
+
+    import thunder_memfuse as tm
+    from thunder_memfuse import MemFuse, memfuse
+
+    with caplog.at_level(logging.INFO, logger="thunder_memfuse"):
+        jf = _seed_jit(transforms=[memfuse])
+    rep = tm.report(jf)["forward"]
+    assert rep["kernels"] == "reorder-only" and rep["regions_after"] == 0
+    text = tm.format_report(jf)
+    assert "(reorder-only)" in text and "reorder-only: memfuse reorders the ops" in text
+    assert "fallback" not in text.split("terms:")[0]
+    planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planned forward")]
+    assert planned and "(reorder-only)" in planned[-1] and "fallback" not in planned[-1]
+    assert tm.report(_seed_jit(transforms=[MemFuse(fuse=False)]))["forward"]["kernels"] == "reorder-only"
+    assert tm.report(_seed_jit(transforms=[MemFuse(kernels="fallback")]))["forward"]["kernels"] == "reorder-only"
+
+
+def test_a_compiler_that_runs_or_fails_keeps_its_name():
+    import warnings
+
+    import thunder_memfuse as tm
+    from thunder_memfuse import MemFuse, memfuse, regions
+
+    compiled = tm.report(_seed_jit(executors=["torchcompile"], transforms=[memfuse]))["forward"]
+    assert compiled["kernels"] == "torchcompile" and compiled["regions_after"] > 0
+    regions.reset_warnings()
+    with warnings.catch_warnings(record=True):  # nvrtc wanted on a CPU trace: a real fallback, warned
+        warnings.simplefilter("always")
+        failed = _seed_jit(transforms=[MemFuse(kernels="nvrtc")])
+    assert tm.report(failed)["forward"]["kernels"] == "fallback"

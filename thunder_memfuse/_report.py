@@ -238,7 +238,8 @@ def report(jfn) -> dict:
             "hoists": plan.get("hoists", 0),
             "plan_ms": info["time_ms"],
             "replaced_executors": info.get("replaced_executors", []),
-            "kernels": info.get("kernels"),
+            # regions.reorder_only: no regions by design is not a compiler that failed
+            "kernels": "reorder-only" if info.get("reorder_only") else info.get("kernels"),
             # _compare.py NOTE [regions in compare]: the peak with each compiled Inductor region's own buffers
             "compiled_peak_bytes": _compiled_peak(trace, info),
             "largest_live_at_peak": [(name, b, origins.get(name, "input"))
@@ -287,6 +288,10 @@ TERMS = {
     "regions": "fusion regions: ops that run as one kernel (values made and used inside one never reach memory)",
     "proven optimal": "no valid order of the unfused ops has a smaller peak",
     "states": "states the exact dynamic program explored (0: no search was needed)",
+    "reorder-only": "memfuse reorders the ops and forms no regions of its own, by design: plain thunder.jit on "
+                    "a CPU (add executors=['torchcompile'] to have memfuse's regions compiled), fuse=False or "
+                    "kernels='fallback' (\"fallback\" instead means a compiler was wanted and could not work; "
+                    "a MemFuseWarning said why)",
 }
 METHODS = {  # csrc/core/mf_core.h, what mf_plan_result.method says
     "lower-bound": "a heuristic order reached the lower bound, so it is optimal without search",
@@ -367,7 +372,8 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
         lines.append(
             _peak_line(kind, r) + ", "
             f"regions {r['regions_before']} -> {r['regions_after']}"
-            + (f" ({r['kernels']})" if r.get("kernels") and r["regions_after"] else "") + ", "
+            + (f" ({r['kernels']})" if r.get("kernels") and (r["regions_after"] or r["kernels"] == "reorder-only")
+               else "") + ", "
             f"{'proven optimal' if r['optimal'] else 'not proven optimal'} ({r['method']}, {r['states']} states)"
             + (f", {r['fusion_moves']} fusion-aware moves" if r.get("fusion_moves") else "")
             + (f", {r['hoists']} hoists" if r.get("hoists") else "")
@@ -398,7 +404,8 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
         used = {"peak", "before -> after", "lower bound",  # the legend names only the terms the lines use
                 *(("regions",) if any(r["regions_after"] or r["regions_before"] for r in rs) else ()),
                 *(("proven optimal",) if any(r["optimal"] for r in rs) else ()),
-                *(("states",) if any(r["states"] for r in rs) else ())}
+                *(("states",) if any(r["states"] for r in rs) else ()),
+                *(("reorder-only",) if any(r.get("kernels") == "reorder-only" for r in rs) else ())}
         lines += [f"    {t}: {text}" for t, text in TERMS.items() if t in used]
         for m in sorted({r["method"] for r in rep.values()}):
             lines.append(f"    {m}: {METHODS.get(m, 'the planner rung that produced the order')}")

@@ -279,8 +279,12 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         bsyms = list(trace.bound_symbols)
         compiler = self._compiler_for(bsyms)
         comp = regions.compiler(compiler)
+        fuse = self._fuses(bsyms, compiler)
+        # no regions by design (fuse=False, or regions.reorder_only), not for want of a compiler
+        reorder_only = not fuse and (self.fuse is False or regions.reorder_only(
+            self.kernels, cuda=_has_cuda_tensors(bsyms), compiling_peer=_compiling_peer()))
         recompute = self.recompute if recompute is None else recompute
-        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=self._fuses(bsyms, compiler),
+        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=fuse,
                                   freeable=freeable, fusible=self._fusible_for(bsyms),
                                   epilogue_role=comp.epilogue_role,
                                   comm_overlap=self.comm_overlap,
@@ -297,7 +301,8 @@ class MemFuse(Transform, metaclass=_MemFuseType):
         groups = _with_comments(bsyms, groups)
         new_trace, n_regions = regroup_trace(trace, groups, compiler=comp, is_backward=is_backward)
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
-        _log_plan(trace, is_backward, plan, compiler, n_regions, res["groups"], elapsed_ms)
+        _log_plan(trace, is_backward, plan, "reorder-only" if reorder_only else compiler, n_regions, res["groups"],
+                  elapsed_ms)
         new_trace.set_provenance(
             TraceProvenance(
                 f"memfuse (peak {plan['baseline_peak_bytes']} -> {plan['peak_bytes']} bytes, "
@@ -319,6 +324,7 @@ class MemFuse(Transform, metaclass=_MemFuseType):
             "time_ms": elapsed_ms,
             "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
             "kernels": compiler,
+            "reorder_only": reorder_only,
             "recompute": res.get("recompute"),
             "peak_allowance": peak_allowance or None,
         }

@@ -38,6 +38,14 @@ def compiles(name: str, cuda: bool) -> bool:
     return bool(comp.compiles_regions and comp.available(cuda))
 
 
+def reorder_only(kernels: str, *, cuda: bool, compiling_peer: bool = True) -> bool:
+    """Is the op-by-op fallback this trace's choice by design, not for want of a compiler: asked
+    for (kernels="fallback"), or "auto" on a CPU trace where memfuse is not the fusion pass (NOTE
+    [auto on CPU] in resolve)?  Then memfuse reorders only, and reports call it "reorder-only";
+    "fallback" is left for a compiler that was wanted and could not work."""
+    return kernels == "fallback" or (kernels == "auto" and not cuda and not compiling_peer)
+
+
 def resolve(kernels: str, *, cuda: bool, compiling_peer: bool = True, strict: bool = False,
             quiet: bool = False) -> str:
     """The compiler for one trace.  An explicit choice that cannot work here (kernels="nvrtc" for
@@ -55,9 +63,7 @@ def resolve(kernels: str, *, cuda: bool, compiling_peer: bool = True, strict: bo
     so adding memfuse would change such a user's numbers and first-call time.  There memfuse only
     reorders, which is exact and never slower; kernels="torchcompile" compiles regions on
     request."""
-    if kernels == "fallback":
-        return "fallback"
-    if kernels == "auto" and not cuda and not compiling_peer:
+    if reorder_only(kernels, cuda=cuda, compiling_peer=compiling_peer):
         return "fallback"
     if kernels == "auto":
         if cuda and compiles("nvrtc", True):
