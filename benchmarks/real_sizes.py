@@ -1,0 +1,168 @@
+"""Training steps at the sizes people train, side by side with the peers (CPU), one process per variant.
+
+    python benchmarks/real_sizes.py [--only prelm1024,llama1024] [--variants eager,tc,...] [--configs plain,ckpt]
+
+Workloads (issue 33's):
+- prelm1024 / prelm2048: a pre-LN transformer (LayerNorm, F.scaled_dot_product_attention causal, tanh
+  GELU MLP), d 256, 4 heads, 2 layers, batch 2 x 1024 (2048) tokens.
+- llama1024: the Llama-style decoder of benchmarks/workloads.py, n_embd 1024, 8 heads, 2 layers, seq 512,
+  batch 2.
+Variants: eager; torch.compile (default, and with torch._functorch.config.activation_memory_budget 0.5);
+thunder (thunder.jit); tc (executors=["torchcompile"]); memfuse (transforms=[memfuse]); tc+memfuse.
+Per row: the measured peak of the second step (torch.profiler's CPU allocations above what is live at
+the call), the median step time of the next rounds, the loss and its difference from eager's (every
+variant starts from the same weights).  Configs: plain, ckpt (torch.utils.checkpoint around each block).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+MIB = float(1 << 20)
+VARIANTS = ("eager", "compile", "compile-amb0.5", "thunder", "tc", "memfuse", "tc+memfuse")
+
+
+class PreLNBlock(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class PreLM(nn.Module):
+    def __init__(self, vocab=1024, dim=256, heads=4, layers=2, seq=1024, checkpoint=False):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.blocks = nn.ModuleList(PreLNBlock(dim, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+        self.checkpoint = checkpoint
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False) if self.checkpoint else blk(x)
+        return self.head(self.ln(x))
+
+
+def build(name, ckpt):
+    import workloads
+
+    torch.manual_seed(0)
+    if name.startswith("prelm"):
+        seq = int(name[len("prelm"):])
+        model = PreLM(seq=seq, checkpoint=ckpt)
+        idx = torch.randint(0, 1024, (2, seq))
+    elif name == "llama1024":
+        w = workloads.llama(batch=2, seq=512, dim=1024, layers=2, heads=8, checkpoint=ckpt)
+        model, idx = w.fn, w.inputs[0]
+    else:
+        raise SystemExit(f"unknown workload {name!r}")
+    return model, idx, torch.roll(idx, -1, dims=1)
+
+
+def compiled(model, variant):
+    if variant == "eager":
+        return model
+    if variant.startswith("compile"):
+        if variant == "compile-amb0.5":
+            import torch._functorch.config
+
+            torch._functorch.config.activation_memory_budget = 0.5
+        return torch.compile(model)
+    import thunder
+    from thunder_memfuse import memfuse
+
+    kw = {}
+    if variant in ("tc", "tc+memfuse"):
+        kw["executors"] = ["torchcompile"]
+    if variant.endswith("memfuse"):
+        kw["transforms"] = [memfuse]
+    return thunder.jit(model, **kw)
+
+
+def one(name, ckpt, variant, rounds):
+    from workloads import training_step
+    from thunder_memfuse.measure import cpu_peak_bytes
+
+    warnings.simplefilter("ignore")
+    model, idx, targets = build(name, ckpt)
+    fn = compiled(model, variant)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        return training_step(fn, idx, targets)
+
+    t0 = time.perf_counter()
+    loss = step()
+    first = time.perf_counter() - t0
+    peak, loss = cpu_peak_bytes(step)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"peak_mib": peak / MIB, "step_ms": 1e3 * statistics.median(times), "first_s": first,
+            "loss": float(loss)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="prelm1024,llama1024")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--configs", default="plain,ckpt")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "CONFIG", "VARIANT"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.one:
+        name, cfg, variant = a.one
+        print("RESULT " + json.dumps(one(name, cfg == "ckpt", variant, a.rounds)))
+        return 0
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; peak of the second step, MiB; step ms (median of "
+          f"{a.rounds}); first call s; |loss - eager's|")
+    for name in a.only.split(","):
+        for cfg in a.configs.split(","):
+            print(f"\n{name} {cfg}")
+            eager_loss = None
+            for variant in a.variants.split(","):
+                p = subprocess.run([sys.executable, __file__, "--rounds", str(a.rounds), "--one", name, cfg, variant],
+                                   capture_output=True, text=True)
+                line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if line is None:
+                    err = (p.stderr.strip().splitlines() or ["?"])[-1]
+                    print(f"  {variant:15s} failed: {err[:150]}", flush=True)
+                    continue
+                r = json.loads(line[7:])
+                if variant == "eager":
+                    eager_loss = r["loss"]
+                d = "" if eager_loss is None else f"  dloss {abs(r['loss'] - eager_loss):.1e}"
+                print(f"  {variant:15s} peak {r['peak_mib']:8.1f}  step {r['step_ms']:8.0f} ms  "
+                      f"first {r['first_s']:6.1f} s{d}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
