@@ -234,3 +234,45 @@ def test_a_compiler_that_runs_or_fails_keeps_its_name():
         warnings.simplefilter("always")
         failed = _seed_jit(transforms=[MemFuse(kernels="nvrtc")])
     assert tm.report(failed)["forward"]["kernels"] == "fallback"
+
+
+# misuse names the fix ----------------------------------------------------------------------------
+
+def test_transforms_not_a_list_names_the_fix():
+    import thunder
+    import torch
+
+    from thunder_memfuse import MemFuse, memfuse
+
+    fix = r"transforms=memfuse\) passes one transform where thunder.jit takes a list: use transforms=\[memfuse\]"
+    with pytest.raises(TypeError, match=fix):
+        thunder.jit(lambda t: t.sin(), transforms=memfuse)(torch.randn(3))
+    with pytest.raises(TypeError, match=fix):  # a module: Thunder iterates the transforms
+        thunder.jit(torch.nn.Linear(3, 3), transforms=MemFuse(fuse=False))
+
+
+def test_memfuse_as_a_torch_compile_backend_or_a_decorator_names_the_fix():
+    import torch
+
+    from thunder_memfuse import memfuse
+
+    with pytest.raises(Exception, match=r"not a torch.compile backend; use thunder.jit\(fn, transforms=\[memfuse\]\)"):
+        torch.compile(lambda t: t.sin() + 1, backend=memfuse)(torch.randn(3))
+    with pytest.raises(TypeError, match=r"not a function or a decorator to call; use thunder.jit\(fn, transforms="):
+        memfuse(lambda t: t)
+
+
+@pytest.mark.parametrize("kw,fix", [
+    (dict(kernels="torchcompile"), r"transforms=\[MemFuse\(kernels='torchcompile'\)\]"),
+    (dict(memfuse=False), r"memfuse runs because it is in transforms="),
+    (dict(memfuse=True, recompute=False), r"transforms=\[MemFuse\(recompute=False\)\]"),
+])
+def test_memfuse_options_given_to_thunder_jit_name_the_fix(kw, fix):
+    import thunder
+    import torch
+
+    from thunder_memfuse import memfuse
+
+    with pytest.raises(TypeError, match=r"thunder.jit does not know these options and would ignore them; .*" + fix):
+        thunder.jit(lambda t: t.sin(), transforms=[memfuse], **kw)(torch.randn(3))
+    thunder.jit(lambda t: t.sin(), transforms=[memfuse], fusion_type="dataflow")(torch.randn(3))  # Thunder's own

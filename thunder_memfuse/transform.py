@@ -26,7 +26,7 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _options, _recompute, _step, _thunder, attention, regions
+from . import _C, _misuse, _options, _recompute, _step, _thunder, attention, regions
 from ._options import LOG
 from .errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
@@ -102,7 +102,7 @@ class _instance_only:
         return class_passed
 
 
-class MemFuse(Transform, metaclass=_MemFuseType):
+class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
     """Memory-aware reordering and fusion of Thunder traces.
 
     Args:
@@ -333,7 +333,9 @@ class MemFuse(Transform, metaclass=_MemFuseType):
 
 def _one_memfuse(cd) -> None:
     """Two memfuse transforms in one transforms= list would plan each trace twice (the second
-    planning Thunder's order through the first one's regions): a TypeError naming the fix."""
+    planning Thunder's order through the first one's regions): a TypeError naming the fix.  So is
+    a MemFuse option given to thunder.jit itself (_misuse.py NOTE [misuse hooks])."""
+    _misuse.check_compile_options(cd)
     ours = [t for t in (getattr(cd, "transforms", None) or ()) if isinstance(t, MemFuse)]
     if len(ours) > 1:
         raise TypeError(f"thunder.jit(..., transforms=[...]) holds {len(ours)} memfuse transforms "
