@@ -276,3 +276,106 @@ def test_memfuse_options_given_to_thunder_jit_name_the_fix(kw, fix):
     with pytest.raises(TypeError, match=r"thunder.jit does not know these options and would ignore them; .*" + fix):
         thunder.jit(lambda t: t.sin(), transforms=[memfuse], **kw)(torch.randn(3))
     thunder.jit(lambda t: t.sin(), transforms=[memfuse], fusion_type="dataflow")(torch.randn(3))  # Thunder's own
+
+
+# savings: eager beside Thunder, the spread of step times, progress ---------------------------------
+
+def _inplace_chain(x):  # eager updates y in place; Thunder's functional trace allocates a new tensor per step
+    y = x * 2
+    y.add_(1)
+    y.mul_(3)
+    return y.sub_(x)
+
+
+def test_savings_measures_eager_and_the_spread_of_step_times(capsys):
+    import torch
+
+    from thunder_memfuse.measure import savings
+
+    s = savings(_inplace_chain, torch.randn(256, 256), iters=3, progress=False)
+    names = [r.name for r in s.runs()]
+    assert names == ["eager", "thunder", "thunder + memfuse"] and s.eager is s.runs()[0] and s.rounds == 3
+    for r in s.runs():
+        assert r.error is None and r.peak_bytes > 0 and r.first_call_ms > 0
+        assert 0 < r.step_ms_min <= r.step_ms <= r.step_ms_max
+    printed = capsys.readouterr()
+    assert printed.err == ""  # progress off
+    assert f"| eager | {s.eager.peak_bytes / 2**20:.2f} MiB | {s.eager.step_ms_min:.2f} / " in printed.out
+    assert "step min / median / max (3 rounds)" in printed.out
+    line = s.summary()
+    assert f"eager PyTorch {s.eager.peak_bytes / 2**20:.2f} MiB" in line and "medians of 3 alternating rounds" in line
+    above = s.with_memfuse.peak_bytes - s.eager.peak_bytes
+    assert s.above_eager_bytes == max(0, above)
+    # said plainly where memfuse's peak is above eager's, and only there
+    assert ("ABOVE eager's" in line) == (above > 0) and ("still peaks above eager PyTorch" in str(s)) == (above > 0)
+
+
+def test_savings_says_plainly_when_memfuse_is_above_eager():
+    from thunder_memfuse.savings import Run, Savings
+
+    mib = 2 ** 20
+    runs = dict(without=Run("thunder", 22 * mib, 10.0, 1000.0, step_ms_min=9.0, step_ms_max=30.0),
+                with_memfuse=Run("thunder + memfuse", 16 * mib, 11.0, 1200.0, step_ms_min=10.0, step_ms_max=12.0))
+    s = Savings(**runs, results_match=True, executors=None, measured_by="x", rounds=5,
+                eager=Run("eager", 13 * mib, 5.0, 5.0, step_ms_min=4.0, step_ms_max=6.0))
+    assert s.above_eager_bytes == 3 * mib
+    assert "eager PyTorch 13.00 MiB (memfuse's peak is ABOVE eager's by 3.00 MiB)" in s.summary()
+    assert "still peaks above eager PyTorch (16.00 vs 13.00 MiB)" in str(s)
+    assert "min-max 10.00-12.00 vs 9.00-30.00" in s.summary()
+    below = Savings(**runs, results_match=True, executors=None, measured_by="x", rounds=5,
+                    eager=Run("eager", 20 * mib, 5.0, 5.0, step_ms_min=4.0, step_ms_max=6.0))
+    assert below.above_eager_bytes == 0 and "ABOVE" not in below.summary() and "still peaks" not in str(below)
+
+
+def test_savings_peers_and_progress(monkeypatch, capsys):
+    import torch
+
+    from thunder_memfuse.measure import savings
+
+    compiled = []
+    # torch.compile itself is Inductor's minutes-long compile on a small CPU; the plumbing is what is tested
+    monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
+    s = savings(lambda t: (t.relu() @ t).sum(0), torch.randn(32, 32), iters=2, peers=True, progress=True,
+                print_result=False)
+    assert compiled and [r.name for r in s.peers] == ["torch.compile"] and s.peers[0].peak_bytes is not None
+    err = capsys.readouterr().err
+    for said in ("eager: first call ...", "torch.compile: first call (compiles) ...",
+                 "thunder + memfuse: first call (compiles) ...", "measuring its peak", "timing: round 1/2",
+                 "timing: round 2/2", "done"):
+        assert said in err, (said, err)
+    assert err.index("thunder: first call") < err.index("thunder + memfuse: first call") < err.index("round 1/2")
+
+
+def test_progress_follows_the_argument_then_the_environment(monkeypatch):
+    from thunder_memfuse import _progress
+
+    monkeypatch.setenv(_progress.ENV, "1")
+    assert _progress.enabled(None) is True and _progress.enabled(False) is False
+    monkeypatch.setenv(_progress.ENV, "0")
+    assert _progress.enabled(None) is False and _progress.enabled(True) is True
+    monkeypatch.setenv(_progress.ENV, "maybe")
+    with pytest.raises(ValueError, match=r"THUNDER_MEMFUSE_PROGRESS='maybe': use 1 .* or 0"):
+        _progress.enabled(None)
+    monkeypatch.delenv(_progress.ENV)
+    assert _progress.enabled(None) is False  # pytest captures stderr: not a terminal
+    with pytest.raises(TypeError, match="progress must be True, False or None"):
+        _progress.enabled("yes")
+
+
+def test_savings_command_line_progress_and_peers_flags(tmp_path):
+    (tmp_path / "mystep.py").write_text(
+        "import torch\n"
+        "def make_step():\n"
+        "    return (lambda x: (x.relu() @ x).sum(dim=0), (torch.randn(16, 16),))\n")
+    env = {"PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])}
+    quiet = subprocess.run([sys.executable, "-m", "thunder_memfuse.savings", "mystep:make_step", "--iters", "2"],
+                           capture_output=True, text=True, env=dict(os.environ, **env), cwd=tmp_path, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "[savings" not in quiet.stderr  # stderr is a pipe here
+    assert "| eager |" in quiet.stdout and "eager PyTorch" in quiet.stdout
+    loud = subprocess.run([sys.executable, "-m", "thunder_memfuse.savings", "mystep:make_step", "--iters", "1",
+                           "--progress"], capture_output=True, text=True, env=dict(os.environ, **env),
+                          cwd=tmp_path, timeout=600)
+    assert loud.returncode == 0 and "thunder + memfuse: first call (compiles) ..." in loud.stderr, loud.stderr[-2000:]
+    assert "--peers" in subprocess.run([sys.executable, "-m", "thunder_memfuse.savings", "--help"],
+                                       capture_output=True, text=True, env=dict(os.environ, **env)).stdout
