@@ -23,4 +23,7 @@ fi
 target="."
 [ "${1:-}" = test ] && target=".[test]"
 [ "${1:-}" = plot ] && target=".[plot]"
+# pip is quiet, so say what it is doing: a first run downloads torch and builds the extension
+echo "setup.sh: installing thunder_memfuse ($target) and torch 2.13.0 into .venv (a first run downloads torch and builds the C extension) ..." >&2
 .venv/bin/python -m pip install --quiet -e "$target" "torch==2.13.0"
+echo "setup.sh: .venv ready" >&2

@@ -379,3 +379,19 @@ def test_savings_command_line_progress_and_peers_flags(tmp_path):
     assert loud.returncode == 0 and "thunder + memfuse: first call (compiles) ..." in loud.stderr, loud.stderr[-2000:]
     assert "--peers" in subprocess.run([sys.executable, "-m", "thunder_memfuse.savings", "--help"],
                                        capture_output=True, text=True, env=dict(os.environ, **env)).stdout
+
+
+def test_the_seed_job_says_what_it_compiles(monkeypatch, capsys):
+    import torch
+
+    from thunder_memfuse import seed
+
+    monkeypatch.setattr(torch, "compile", lambda fn: fn)  # the eager stand-in keeps the test short
+    assert seed.main(["--paths", "2", "--size", "16", "--progress"]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("[seed")]
+    assert "importing Thunder ..." in lines[0]
+    for fname in ("efficient", "inefficient"):
+        for v in ("torch.compile", "thunder default", "thunder + torchcompile", "memfuse", "torchcompile + memfuse"):
+            assert any(f"] {fname} function, {v}: compiling and measuring ..." in ln for ln in lines), (fname, v, err)
+    assert seed.main(["--paths", "2", "--size", "16", "--plan-only"]) == 0 and "[seed" not in capsys.readouterr().err

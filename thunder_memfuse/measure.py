@@ -1,8 +1,8 @@
 """Peak-memory measurements used by the seed job, benchmarks and tests.
 
-- savings(fn, *args, executors=...): the same step jitted with and without
-  memfuse, measured: peak, step time, first call, outputs compared
-  (thunder_memfuse/savings.py).
+- savings(fn, *args, executors=...): the same step eagerly and jitted with and
+  without memfuse, measured: peak, step time (min / median / max), first
+  call, outputs compared (thunder_memfuse/savings.py).
 - cpu_peak_bytes(fn, *args) -> (peak bytes, fn's result): the peak of real CPU
   allocations during one call, above what was live before it, from
   torch.profiler's allocation events (each carries its size; the running sum's

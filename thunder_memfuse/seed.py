@@ -137,11 +137,16 @@ def plan_section(n_paths, nbytes):
     return rows
 
 
-def thunder_section(device, n_paths, size, iters=1, time_iters=0):
+def thunder_section(device, n_paths, size, iters=1, time_iters=0, progress=None):
     """{(function, variant): {"measured_mib", "trace_mib", "matches_eager", "time_ms"}}:
     each variant's measured peak above the inputs, Thunder's own estimate on its
     final trace, whether its result matches eager's, and (time_iters > 0) the
-    median milliseconds per call over time_iters calls (None otherwise)."""
+    median milliseconds per call over time_iters calls (None otherwise).
+    progress: say each variant on stderr as it compiles (thunder_memfuse/_progress.py)."""
+    from thunder_memfuse._progress import Progress
+
+    say = Progress("seed", progress)
+    say("importing Thunder ...")
     import torch
 
     import thunder
@@ -167,6 +172,7 @@ def thunder_section(device, n_paths, size, iters=1, time_iters=0):
     for fname, fn in FUNCTIONS.items():
         expected = fn(list(t0s), a)
         for vname, f, kind in variants(fn):
+            say(f"{fname} function, {vname}: {'compiling and ' if vname != 'eager' else ''}measuring ...")
             try:
                 f(list(t0s), a)  # warm up / compile
                 peak, out = measure(f, list(t0s), a)
@@ -264,6 +270,9 @@ def main(argv=None):
                     help="also draw each function's peak and time per variant to PATH (needs matplotlib: "
                          "the [plot] extra); PATH gets -efficient / -inefficient before its suffix")
     ap.add_argument("--time-iters", type=int, default=0, help="also time each variant: median of N calls")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="say on stderr which variant is compiling (default: where stderr is a terminal, or "
+                         "as THUNDER_MEMFUSE_PROGRESS=1 / 0 says)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not args.plan_only:
         problem = cuda_unavailable()
@@ -276,7 +285,7 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # Thunder's optional-executor warnings
             results = thunder_section(args.device, args.paths, args.size,
-                                      time_iters=args.time_iters or (3 if args.plot else 0))
+                                      time_iters=args.time_iters or (3 if args.plot else 0), progress=args.progress)
         print_table(results, args.device)
         report["run"] = {f"{k[0]}/{k[1]}": v for k, v in results.items()}
         if args.plot:
