@@ -395,3 +395,61 @@ def test_the_seed_job_says_what_it_compiles(monkeypatch, capsys):
         for v in ("torch.compile", "thunder default", "thunder + torchcompile", "memfuse", "torchcompile + memfuse"):
             assert any(f"] {fname} function, {v}: compiling and measuring ..." in ln for ln in lines), (fname, v, err)
     assert seed.main(["--paths", "2", "--size", "16", "--plan-only"]) == 0 and "[seed" not in capsys.readouterr().err
+
+
+# compare's table and plot, plot_timeline's axis ---------------------------------------------------
+
+def _checkpointed_step():
+    import thunder
+    import torch
+
+    from models import checkpointed, checkpointed_mlp, module_step  # noqa: F401
+    from thunder_memfuse import memfuse
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 128, requires_grad=True)
+    w = torch.randn(128, 128, requires_grad=True)
+    jf = thunder.jit(checkpointed, transforms=[memfuse])
+    jf(x, w).backward()
+    return jf, x, w
+
+
+def test_compare_table_and_plot_read_at_a_glance():
+    pytest.importorskip("matplotlib")
+    from thunder_memfuse.measure import compare
+
+    jf, x, w = _checkpointed_step()
+    c = compare(jf, x, w)
+    bw = c["backward"]
+    assert bw.start_simulated > 0  # the backward starts with what the forward saved
+    if not c.flagged:
+        assert c.table().startswith("no step differs") and "table(all_steps=True)" in c.table()
+    assert c.table(all_steps=True).startswith("| trace | step |")
+    fig = c.plot()
+    ax = fig.axes[list(c.traces).index("backward")]
+    labels = [ln.get_label() for ln in ax.get_lines()]
+    sim, meas = (ln for ln in ax.get_lines() if ln.get_label().startswith(("simulated", "measured")))
+    mib = 2 ** 20
+    # drawn above the inputs, the start included: no negative memory, the peaks where the labels say
+    assert min(sim.get_ydata()) >= 0 and min(meas.get_ydata()) >= 0
+    assert max(sim.get_ydata()) == pytest.approx((bw.simulated_peak + bw.start_simulated) / mib)
+    assert any(lb.startswith(f"start: {bw.start_simulated / mib:.2f} MiB (what the forward saved") for lb in labels)
+    assert sim.get_linestyle() != meas.get_linestyle()  # both visible where they agree
+    assert "a fusion region is one step" in ax.get_xlabel()
+
+
+def test_timeline_title_counts_the_recomputed_copies():
+    pytest.importorskip("matplotlib")
+    import thunder_memfuse as tm
+
+    jf, _, _ = _checkpointed_step()
+    rep = tm.report(jf)
+    fig = tm.plot_timeline(jf)
+    for ax, (kind, r) in zip(fig.axes, rep.items()):
+        copies = (r["recompute"] or {}).get("copied_ops", 0)
+        title = ax.get_title()
+        assert (f"{copies} of them recomputed copies" in title) == (copies > 0), (kind, title, copies)
+        right = int(max(max(ln.get_xdata()) for ln in ax.get_lines() if len(ln.get_xdata()) > 1))
+        assert f"({right - copies} ops" in title, (kind, title, right)  # Thunder's ops; the axis runs on to the copies
+        if copies:
+            assert f"memfuse's schedule runs {right}, {copies} of them" in title

@@ -122,6 +122,9 @@ class Comparison:
     def table(self, all_steps=False, limit=40) -> str:
         """A markdown table: the flagged steps (or every step), at most `limit` rows."""
         rows = self.rows() if all_steps else self.flagged
+        if not rows:  # a header alone reads as a table that failed to fill
+            return ("no step differs between the simulated and the measured bytes by more than the trace's "
+                    "largest tensor; table(all_steps=True) lists every step")
         out = ["| trace | step | op | simulated MiB | measured MiB | measured - simulated | note |",
                "|---|---|---|---|---|---|---|"]
         for r in rows[:limit]:
@@ -138,17 +141,26 @@ class Comparison:
         fig = Figure(figsize=(9, 3.2 * max(1, len(self.traces))))
         axes = fig.subplots(max(1, len(self.traces)), 1, squeeze=False)[:, 0]
         for ax, (k, t) in zip(axes, self.traces.items()):
+            # Drawn above zero, not above the start: a backward frees what the forward saved, so its
+            # curves above its start go below zero.  The start is marked and named instead.
+            s0 = t.start_simulated
             xs = [r["step"] for r in t.steps]
-            ax.step(xs, [r["simulated"] / MIB for r in t.steps], where="post",
-                    label=f"simulated (peak {t.simulated_peak / MIB:.2f} MiB)")
-            ax.step(xs, [r["measured"] / MIB for r in t.steps], where="post",
-                    label=f"measured (peak {t.measured_peak / MIB:.2f} MiB)")
+            ax.step(xs, [(r["simulated"] + s0) / MIB for r in t.steps], where="post", linewidth=2.5, alpha=0.6,
+                    label=f"simulated (peak {t.simulated_peak / MIB:.2f} MiB above the start)")
+            # dashed and on top, so that where the two agree both stay visible
+            ax.step(xs, [(r["measured"] + s0) / MIB for r in t.steps], where="post", linestyle="--", linewidth=1.2,
+                    label=f"measured (peak {t.measured_peak / MIB:.2f} MiB above the start)")
+            if s0:
+                what = ("what the forward saved and the incoming gradients" if k == "backward"
+                        else "live when the trace starts")
+                ax.axhline(s0 / MIB, color="grey", linestyle=":", linewidth=1,
+                           label=f"start: {s0 / MIB:.2f} MiB ({what})")
             for r in t.flagged:
                 ax.axvline(r["step"], color="red", alpha=0.15, lw=1)
             ax.set_title(f"{title + ': ' if title else ''}{k}, memory while each step runs")
-            ax.set_xlabel("step")
-            ax.set_ylabel("MiB above the start")
-            ax.legend(loc="best")
+            ax.set_xlabel("step of the final trace (a fusion region is one step)")
+            ax.set_ylabel("MiB live above the inputs")
+            ax.legend(loc="best", fontsize="small")
         fig.tight_layout()
         return fig
 

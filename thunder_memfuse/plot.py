@@ -84,9 +84,12 @@ def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] 
             below = " (memfuse's regions go below it: their inner values never reach memory)" if pa < lb else ""
             ax.axhline(lb / MIB, color="grey", linestyle=":", linewidth=1,
                        label=f"lower bound of unfused orders ({lb / MIB:.2f} MiB){below}")
+        copies = k - len(sb)  # recomputed copies (report()["recompute"]): memfuse's axis runs past Thunder's ops
         ax.set_title(f"{kind} trace: {'simulated and measured' if mt is not None else 'simulated'} memory while "
-                     f"each op runs ({len(sb)} ops)")
-        ax.set_xlabel("op in schedule")
+                     f"each op runs ({len(sb)} ops"
+                     + (f"; memfuse's schedule runs {k}, {copies} of them recomputed copies" if copies > 0 else "")
+                     + ")")
+        ax.set_xlabel("op position in the schedule (a region is drawn at its first op)")
         ax.set_ylabel("MiB above inputs")
         ax.legend(loc="best", fontsize="small")
     return _finish(plt, fig, path)
