@@ -122,3 +122,24 @@ def test_simulate_checks_its_epilogues_like_plan():
     with pytest.raises(TypeError, match="epilogues"):
         tm.simulate(ops, vb, [0, 1], graph_inputs=[0], graph_outputs=[2], epilogues=5)
     assert math.isfinite(tm.simulate(ops, vb, [0, 1], graph_inputs=[0], graph_outputs=[2], epilogues=[(1, 0)])[0])
+
+
+@pytest.mark.skipif(not __import__("thunder_memfuse.regions.torchcompile", fromlist=["x"]).available(False),
+                    reason="torch.compile cannot build here (no C++ compiler)")
+def test_the_timeline_simulates_the_planned_peak_with_its_epilogue_pairs():
+    """The graph a trace keeps for reports carries its epilogue pairs, so report()'s timeline (and
+    plot_timeline, which draws it) simulates the plan's own peak; on the seed with torchcompile the plan
+    forms epilogue pairs, and without them the simulation would count each pair's pre-activation."""
+    from thunder_memfuse import _report
+    from thunder_memfuse.seed import memory_peak_inefficient_func
+
+    torch.manual_seed(0)
+    t0s, a = [torch.randn(64, 64) for _ in range(6)], torch.randn(64, 64)
+    jf = thunder.jit(memory_peak_inefficient_func, executors=["torchcompile"], transforms=[tm.memfuse])
+    jf(t0s, a)
+    info = next(t for t in reversed(thunder.last_traces(jf)) if getattr(t, "_memfuse_info", None))._memfuse_info
+    assert "epilogue" in info["plan"]["kinds"] and info["graph"]["epilogues"]
+    _, after = _report._schedules(info)
+    assert after[0] == info["plan"]["peak_bytes"] == tm.report(jf)["forward"]["peak_after_bytes"]
+    g = dict(info["graph"], epilogues=())
+    assert _report._schedules(dict(info, graph=g))[1][0] > info["plan"]["peak_bytes"]

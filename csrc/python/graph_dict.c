@@ -38,9 +38,9 @@ static PyObject *to_dict(const mf_gbuf *g)
 {
     PyObject *ops = PyList_New(g->n_ops), *vb = PyList_New(g->n_values), *gi = PyList_New(0), *go = PyList_New(0),
              *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *cm = PyList_New(0),
-             *d = NULL;
+             *ep = PyList_New(0), *d = NULL;
     int32_t i, k;
-    if (!ops || !vb || !gi || !go || !al || !fu || !af || !cm)
+    if (!ops || !vb || !gi || !go || !al || !fu || !af || !cm || !ep)
         goto done;
     for (i = 0; i < g->n_ops; i++) {
         PyObject *ins = PyList_New(g->in_ptr[i + 1] - g->in_ptr[i]), *outs, *t;
@@ -62,6 +62,14 @@ static PyObject *to_dict(const mf_gbuf *g)
         PyList_SET_ITEM(ops, i, t);
         PyList_SET_ITEM(fu, i, g->fusible[i] == MF_FUSIBLE_STORED ? PyLong_FromLong(MF_FUSIBLE_STORED)
                                                                   : PyBool_FromLong(g->fusible[i]));
+        if (g->epilogue_of && i < g->n_epi && g->epilogue_of[i] >= 0) { /* (v, u): v may be u's epilogue */
+            PyObject *x = Py_BuildValue("(ii)", (int)i, (int)g->epilogue_of[i]);
+            if (!x || PyList_Append(ep, x) < 0) {
+                Py_XDECREF(x);
+                goto done;
+            }
+            Py_DECREF(x);
+        }
         if (g->comm && g->n_comm == g->n_ops && g->comm[i]) { /* [op, MF_COMM_*] */
             PyObject *x = Py_BuildValue("(ii)", (int)i, (int)g->comm[i]);
             if (!x || PyList_Append(cm, x) < 0) {
@@ -94,8 +102,8 @@ static PyObject *to_dict(const mf_gbuf *g)
     }
     if (PyErr_Occurred())
         goto done;
-    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
-                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af, "comm", cm);
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
+                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af, "comm", cm, "epilogues", ep);
 done:
     Py_XDECREF(ops);
     Py_XDECREF(vb);
@@ -105,5 +113,6 @@ done:
     Py_XDECREF(fu);
     Py_XDECREF(af);
     Py_XDECREF(cm);
+    Py_XDECREF(ep);
     return d;
 }
