@@ -88,9 +88,9 @@ def compiled(model, variant):
         return model
     if variant.startswith("compile"):
         if variant == "compile-amb0.5":
-            import torch._functorch.config
+            from torch._functorch import config as functorch_config
 
-            torch._functorch.config.activation_memory_budget = 0.5
+            functorch_config.activation_memory_budget = 0.5
         return torch.compile(model)
     import thunder
     from thunder_memfuse import memfuse
