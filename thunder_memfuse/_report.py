@@ -187,7 +187,7 @@ def report(jfn) -> dict:
     unfused_peak_bytes, lower_bound_bytes; regions_before / regions_after (fusion
     regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
     found); comm_moves and collectives (per asynchronous collective, its op
-    position before and after memfuse, and its wait's); plan_ms (the pass's own time); replaced_executors;
+    position before and after memfuse, and its wait's); plan_ms (the pass's own time); time_ms (that time by stage); replaced_executors;
     compiled_peak_bytes (the peak with each region Inductor compiled counted by the buffers its
     program allocates, _compare.py NOTE [regions in compare]; None before any was compiled);
     peak_allowance_bytes and regions_without_allowance (a training step's forward regrouped with fewer
@@ -238,6 +238,10 @@ def report(jfn) -> dict:
             "fusion_moves": plan.get("fusion_moves", 0),
             "hoists": plan.get("hoists", 0),
             "plan_ms": info["time_ms"],
+            # memfuse's own time on this trace by stage: reading (the op records and the graph), planning
+            # (the order, regions and recomputation's passes), regrouping (bound symbols into regions), and,
+            # on a forward, the joint trace's fusion pass where memfuse ran it (fusion_pass.py)
+            "time_ms": {k: round(v, 3) for k, v in info.get("stage_ms", {}).items()},
             "replaced_executors": info.get("replaced_executors", []),
             # regions.reorder_only: no regions by design is not a compiler that failed
             "kernels": "reorder-only" if info.get("reorder_only") else info.get("kernels"),
@@ -384,6 +388,8 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
                          f"MiB: {r['regions_without_allowance']} -> {r['regions_after']} regions")
         if r.get("replaced_executors"):
             lines.append(f"    replaced fusion executors: {', '.join(r['replaced_executors'])}")
+        if r.get("time_ms"):
+            lines.append("    memfuse's time: " + ", ".join(f"{k} {v:.0f} ms" for k, v in r["time_ms"].items()))
         rc = r.get("recompute")
         if rc:
             n = rc["copied_ops"]

@@ -85,6 +85,9 @@ def regroup_forward(fw: Forward, backward_peak: int, replan, *, strict: bool = F
               f"failed: {type(e).__name__}: {e})")
         return False
     info["time_ms"] += first["time_ms"]
+    if "stage_ms" in first and "stage_ms" in info:  # both plans of the forward, stage by stage
+        info["stage_ms"] = {k: info["stage_ms"].get(k, 0.0) + first["stage_ms"].get(k, 0.0)
+                            for k in {**first["stage_ms"], **info["stage_ms"]}}
     info["regions_without_allowance"] = first["regions_after"]
     fw.returned.bound_symbols = new.bound_symbols
     fw.returned._memfuse_info = info

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import gc
 import math
+import time
 
 import thunder.torch as ltorch
 from thunder.core.prims import OpTags, PrimIDs
@@ -231,9 +232,11 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         from .regions.nvrtc import epilogue_role
     bsyms = list(bsyms)
     with collector_paused():
+        start = time.perf_counter()
         recs = records(bsyms, fusible=fusible or _fusible_predicate(), epilogue_role=epilogue_role,
                        recompute=bool(recompute))
-        return _C.plan_trace(
+        records_ms = 1e3 * (time.perf_counter() - start)
+        res = _C.plan_trace(
             bsyms,
             recs,
             # futures are sized like tensors (mf_build.c NOTE [collectives])
@@ -245,6 +248,8 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
             recompute=int(recompute),
             peak_allowance=int(peak_allowance),
         )
+        res["stage_ms"]["reading"] += records_ms  # the op records are the reading's Python half
+        return res
 
 
 def saved_storages(forward_trace) -> dict:

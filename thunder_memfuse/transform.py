@@ -290,7 +290,10 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                                   comm_overlap=self.comm_overlap,
                                   recompute=_recompute.budget_bytes(bsyms, recompute),
                                   peak_allowance=peak_allowance)
+        stage_ms = dict(res["stage_ms"])
+        t = time.perf_counter_ns()
         res = _recompute.emit(res, trace)
+        stage_ms["planning"] += (time.perf_counter_ns() - t) / 1e6  # the copies made bound symbols
         plan = res["plan"]
         if plan["peak_bytes"] > max(plan["baseline_peak_bytes"], peak_allowance):
             raise MemFuseError("internal: planned order is worse than the input order")
@@ -299,8 +302,15 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         groups = ([([b], single) for b in res["prologue"]] + _planned_groups(res)
                   + [([b], single) for b in res["epilogue"]])
         groups = _with_comments(bsyms, groups)
+        t = time.perf_counter_ns()
         new_trace, n_regions = regroup_trace(trace, groups, compiler=comp, is_backward=is_backward)
+        stage_ms["regrouping"] += (time.perf_counter_ns() - t) / 1e6
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+        stage_ms["reading"] += elapsed_ms - sum(stage_ms.values())  # the rest: the compiler's choice, checks
+        if not is_backward:
+            fusion_ms = getattr(get_compile_data(), "_memfuse_fusion_pass_ms", None)
+            if fusion_ms is not None:  # the joint trace's fusion pass, before the split (fusion_pass.py)
+                stage_ms["fusion pass"] = fusion_ms
         _log_plan(trace, is_backward, plan, "reorder-only" if reorder_only else compiler, n_regions, res["groups"],
                   elapsed_ms)
         new_trace.set_provenance(
@@ -322,6 +332,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             "own_regions": n_regions,  # the regions memfuse formed itself
             "ops": sum(len(g) for g in res["groups"]),
             "time_ms": elapsed_ms,
+            "stage_ms": stage_ms,  # report()'s time_ms: memfuse's time on this trace by stage
             "replaced_executors": list(getattr(get_compile_data(), "_memfuse_replaced", ())),
             "kernels": compiler,
             "reorder_only": reorder_only,

@@ -61,6 +61,8 @@ PyObject *mf_py_tuple(PyObject *o, const char *what);
 int mf_py_max_states(PyObject *ms, long long *out);
 /* An optional int argument in [0, hi] named `name` (NULL: not given, *out kept); what it counts goes
  * into the TypeError / ValueError. */
+/* Seconds on the monotonic clock (the binding's stage times). */
+double mf_py_mono_s(void);
 int mf_py_count_arg(PyObject *o, const char *name, const char *what, long long hi, long long *out);
 
 /* graph_dict.c: a built graph as plan()'s keyword arguments (ops, value_bytes,

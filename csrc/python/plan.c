@@ -493,7 +493,7 @@ typedef struct sigpoll {
     double next;
 } sigpoll;
 
-static double mono_s(void)
+double mf_py_mono_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -503,7 +503,7 @@ static double mono_s(void)
 static int poll_signals(void *ud)
 {
     sigpoll *p = (sigpoll *)ud;
-    double now = mono_s();
+    double now = mf_py_mono_s();
     int rc;
     if (now < p->next)
         return 0;
@@ -545,7 +545,7 @@ PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa)
     opt.peak_allowance = pa->peak_allowance;
     ctx.cancel = poll_signals;
     ctx.cancel_ud = &sp;
-    sp.next = mono_s() + MF_PY_POLL_S;
+    sp.next = mf_py_mono_s() + MF_PY_POLL_S;
     sp.ts = PyEval_SaveThread();
     st = mf_graph_check(&ctx, &desc);
     if (st == MF_OK)

@@ -401,6 +401,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     PyObject *plan = NULL, *groups = NULL, *kinds = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, comm_overlap = 1, have_used = 0, st;
     long long max_states = 0, recompute = 0, allowance = 0;
+    double t_read = 0, t_plan = 0, t_regroup = 0, t_end = 0;
     PyObject *recompute_o = NULL, *allowance_o = NULL;
     const uint8_t *cheap = NULL;
     mf_graph_desc d;
@@ -433,6 +434,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         goto done;
     if (!(seq = mf_py_tuple(bsyms, "bsyms")) || !(rseq = mf_py_tuple(records, "records")))
         goto done;
+    t_read = mf_py_mono_s();
     n = PyTuple_GET_SIZE(seq);
     if (PyTuple_GET_SIZE(rseq) != n) {
         PyErr_Format(PyExc_ValueError, "plan_trace: %zd records for %zd bound symbols", PyTuple_GET_SIZE(rseq), n);
@@ -492,8 +494,10 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     pa.fuse = fuse;
     pa.comm_overlap = comm_overlap;
     pa.peak_allowance = allowance;
+    t_plan = mf_py_mono_s();
     if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, &pa, 0, &used)))
         goto done;
+    t_regroup = mf_py_mono_s();
     have_used = used.n_ops > 0;
     if (!(groups = mf_py_regroup(plan, ops_list, have_used ? &used : NULL, w.B.g.n_values)))
         goto done;
@@ -518,9 +522,14 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
         if (bad)
             goto done;
     }
-    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "prologue", prologue, "groups", groups, "kinds",
-                        kinds, "epilogue", epilogue, "plan", plan, "graph", graph, "names", w.names, "saved_op",
-                        w.B.saved_op ? Py_True : Py_False);
+    t_end = mf_py_mono_s();
+    /* stage_ms: reading the bound symbols into the graph, planning (with recomputation's passes), and
+     * the groups of bound symbols made from the plan */
+    out = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:{s:d,s:d,s:d}}", "prologue", prologue, "groups", groups,
+                        "kinds", kinds, "epilogue", epilogue, "plan", plan, "graph", graph, "names", w.names,
+                        "saved_op", w.B.saved_op ? Py_True : Py_False, "stage_ms", "reading",
+                        1e3 * (t_plan - t_read), "planning", 1e3 * (t_regroup - t_plan), "regrouping",
+                        1e3 * (t_end - t_regroup));
 done:
     Py_XDECREF(seq);
     Py_XDECREF(rseq);
