@@ -9,7 +9,11 @@ and parameter gradients and the final parameters and buffers are compared: with 
 same executors where that runs and agrees with eager, with eager where it cannot run the program
 (Thunder's torchcompile executor cannot run many of them).  Every run also checks that memfuse planned
 both traces, and that the backward writes none of its inputs (what the forward saved, the forward's own
-inputs among them): a step's backward never updates a buffer.
+inputs among them): a step's backward never updates a buffer.  The first family could not have found the
+bug this one was written for (fusion_pass.py NOTE [writes stay put]): under autograd it writes only into
+intermediates, never into an input that needs no gradient (a buffer), and it compares only where plain
+Thunder with the same executors runs the program, which Thunder's torchcompile executor cannot for a module
+that updates a buffer.
 
 NOTE [recompute next to writes]  Inference programs built so that recomputation has something to do:
 cheap values (elementwise ops, views) made early and read again only after a section of matmuls that
