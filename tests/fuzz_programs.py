@@ -222,6 +222,10 @@ def main(argv=None):
     res = fuzz(range(a.first_seed, a.first_seed + a.programs), seconds=a.seconds, executors=a.executors,
                log=lambda m: print(m, flush=True), family=a.family)
     print({k: len(v) for k, v in res.items()})
+    if a.family == "recompute":
+        import fuzz_stateful
+
+        print(f"programs with ops copied next to in-place writes: {fuzz_stateful.copied_next_to_writes(res)}")
     return 1 if any(k in res for k in ("mismatch", "unplanned", "error")) else 0
 
 
