@@ -158,6 +158,17 @@ def test_report_compare_and_plot_give_the_same_peak(case):
         assert cmp[kind].plan_peak == r["peak_above_start_bytes"]
         assert f"memfuse, simulated (peak {r['peak_after_bytes'] / MIB:.2f} MiB" in legend
     assert "report() gives the same peak" in cmp.summary()
+    # docs/API.md "A trace's peak": the headline figures of format_report and compare's summary are one
+    # figure, the start counted (a backward's saved storages and incoming gradients)
+    text, summary = tm.format_report(jf), cmp.summary()
+    for kind, r in rep.items():
+        figure = f"{r['peak_after_bytes'] / MIB:.2f} MiB"
+        head = next(line for line in text.splitlines() if line.startswith(kind + ":"))
+        assert figure in head, (head, figure)
+        line = next(x for x in summary.splitlines() if x.startswith(kind + ":"))
+        assert f"peak simulated {figure}" in line and f"report() gives the same peak ({figure})" in line, line
+        if r["start_bytes"]:
+            assert f"above the start of {r['start_bytes'] / MIB:.2f} MiB" in line
     # with the measurement: a third curve per trace, the profiler's, whose peak is compare()'s
     fig = tm.plot_timeline(jf, measured=cmp)
     for ax, (kind, t) in zip(fig.axes, cmp.traces.items()):

@@ -85,8 +85,13 @@ class Comparison:
     def summary(self) -> str:
         lines = []
         for k, t in self.traces.items():
-            line = (f"{k}: {len(t.steps)} steps, peak above start simulated {t.simulated_peak / MIB:.2f} MiB, "
-                    f"measured {t.measured_peak / MIB:.2f} MiB (largest tensor {t.largest_tensor / MIB:.2f} MiB: "
+            # docs/API.md "A trace's peak": the start counts; a figure without it says "above the start"
+            s0 = t.start_simulated
+            line = (f"{k}: {len(t.steps)} steps, peak simulated {(s0 + t.simulated_peak) / MIB:.2f} MiB, "
+                    f"measured {(s0 + t.measured_peak) / MIB:.2f} MiB"
+                    + (f" ({t.simulated_peak / MIB:.2f} / {t.measured_peak / MIB:.2f} MiB above the start of "
+                       f"{s0 / MIB:.2f} MiB)" if s0 else "")
+                    + f" (largest tensor {t.largest_tensor / MIB:.2f} MiB: "
                     f"{'within' if t.within_one_tensor else 'NOT within'} one tensor); "
                     f"{len(t.flagged)} steps differ by more than one tensor")
             if t.model == "plan":
@@ -94,7 +99,7 @@ class Comparison:
                          "their Inductor program allocates")
             if t.plan_peak is not None:
                 if t.plan_peak == t.simulated_peak:
-                    line += f"; report() gives the same peak ({t.plan_peak / MIB:.2f} MiB above the start)"
+                    line += f"; report() gives the same peak ({(s0 + t.plan_peak) / MIB:.2f} MiB)"
                 elif t.plan_allowance:
                     line += (f"; report() gives {t.plan_peak / MIB:.2f} MiB above the start: this trace was grouped "
                              f"within its backward's planned peak ({t.plan_allowance / MIB:.2f} MiB), a bound that "
@@ -146,10 +151,10 @@ class Comparison:
             s0 = t.start_simulated
             xs = [r["step"] for r in t.steps]
             ax.step(xs, [(r["simulated"] + s0) / MIB for r in t.steps], where="post", linewidth=2.5, alpha=0.6,
-                    label=f"simulated (peak {t.simulated_peak / MIB:.2f} MiB above the start)")
+                    label=f"simulated (peak {(s0 + t.simulated_peak) / MIB:.2f} MiB)")
             # dashed and on top, so that where the two agree both stay visible
             ax.step(xs, [(r["measured"] + s0) / MIB for r in t.steps], where="post", linestyle="--", linewidth=1.2,
-                    label=f"measured (peak {t.measured_peak / MIB:.2f} MiB above the start)")
+                    label=f"measured (peak {(s0 + t.measured_peak) / MIB:.2f} MiB)")
             if s0:
                 what = ("what the forward saved and the incoming gradients" if k == "backward"
                         else "live when the trace starts")
