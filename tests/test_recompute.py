@@ -361,3 +361,20 @@ def test_the_plan_with_copies_carries_its_group_kinds():
     pair = [gr for gr, k in zip(got["groups"], got["kinds"]) if k == "epilogue"]
     assert [[origin[o] for o in gr] for gr in pair] == [[2, 3]]
     assert all(k == "single" for gr, k in zip(got["groups"], got["kinds"]) if len(gr) == 1)
+
+
+def test_plot_timeline_marks_the_recomputed_copies():
+    """Each step of memfuse's schedule where a copy runs (an op whose original ran earlier) is marked."""
+    pytest.importorskip("matplotlib")
+    import thunder_memfuse as tm
+
+    model = checkpointed_mlp()
+    jm = thunder.jit(model, transforms=[MemFuse(strict=True, recompute=1.0)])
+    module_step(model, torch.randn(256, 64))(jm)
+    copied = thunder.last_backward_traces(jm)[-1]._memfuse_info["recompute"]["copied_ops"]
+    fig = tm.plot_timeline(jm)
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    marked = [lb for lb in labels if lb.startswith("memfuse, a recomputed copy runs")]
+    assert len(marked) == 1  # the backward only: a training forward keeps what the backward reads
+    n = int(marked[0].split("(")[1].split()[0])
+    assert 0 < n <= copied

@@ -70,6 +70,19 @@ def plot_timeline(jfn, path: str | None = None, *, figsize: tuple[float, float] 
         ax.step(xs + [k], [b / MIB for b in sa] + [sa[-1] / MIB if sa else 0.0], where="post",
                 label=f"memfuse, simulated (peak {pa / MIB:.2f} MiB"
                       + (f", {len(info['plan']['groups'])} steps with its regions" if k != len(xs) else "") + ")")
+        # the recomputed copies (csrc/core/mf_remat.c NOTE [recomputation]): ops whose original op already
+        # ran earlier in the schedule, marked on memfuse's curve at their step
+        origin = (info["plan"].get("recompute") or {}).get("origin")
+        if origin:
+            seen, marks = set(), []
+            for x, y, grp in zip(xs, sa, info["plan"]["groups"]):
+                again = [k2 for k2 in grp if origin[k2] in seen]
+                seen.update(origin[k2] for k2 in grp)
+                if again:
+                    marks.append((x, y / MIB))
+            if marks:
+                ax.plot([m[0] for m in marks], [m[1] for m in marks], linestyle="none", marker="v", markersize=4,
+                        color="tab:red", label=f"memfuse, a recomputed copy runs ({len(marks)} steps)")
         mt = getattr(measured, "traces", {}).get(kind) if measured is not None else None
         if mt is not None and mt.steps:
             ys = [(r["measured"] + mt.start_simulated) / MIB for r in mt.steps]
