@@ -54,10 +54,13 @@ def test_programs_whose_compiled_regions_wrote_into_their_inputs(seed):
     assert fp.check(fp.make_program(seed), ["torchcompile"]).status == "ok"
 
 
+EXECUTORS = [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
+    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))]
+
+
 # NOTE [stateful programs] (tests/fuzz_stateful.py): training steps of modules that update buffers and
 # parameters in place, under each executor configuration
-@pytest.mark.parametrize("executors", [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
-    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))], ids=["thunder", "torchcompile"])
+@pytest.mark.parametrize("executors", EXECUTORS, ids=["thunder", "torchcompile"])
 def test_stateful_training_steps_match(executors):
     n = max(PROGRAMS // 16, 8) if executors else max(PROGRAMS // 8, 16)
     res = fp.fuzz(range(20_000, 20_000 + n), seconds=SECONDS, executors=executors, family="stateful")
@@ -69,8 +72,7 @@ def test_stateful_training_steps_match(executors):
 
 # NOTE [recompute next to writes]: recomputation must copy ops in some of these programs, never one that
 # reads or makes a storage written in place
-@pytest.mark.parametrize("executors", [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
-    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))], ids=["thunder", "torchcompile"])
+@pytest.mark.parametrize("executors", EXECUTORS, ids=["thunder", "torchcompile"])
 def test_recomputation_next_to_in_place_writes(executors):
     import fuzz_stateful
 
