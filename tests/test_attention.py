@@ -151,6 +151,19 @@ def test_the_checker_leaves_cuda_and_declines_what_it_cannot_run():
         assert attention.declined(q, q, q, m32) is None and attention.declined(q, q, q, None, 0.0, True) is None
 
 
+def test_inference_takes_the_fused_forward_once_per_call():
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m).sin()
+
+    q, k, v = (torch.randn(B, H, 33, E) for _ in range(3))
+    m = torch.rand(33, 33) > 0.2
+    jf = thunder.jit(f, transforms=[MemFuse(strict=True)])
+    with torch.no_grad():
+        torch.testing.assert_close(jf(q, k, v, m), f(q, k, v, m), rtol=0, atol=0)
+    assert "memfuse_sdpa_cpu_forward" in _ops(thunder.last_traces(jf)[-1])
+    assert attention.attention_summary(thunder.compile_data(jf)) == {"fused": 1, "decomposed": []}
+
+
 def test_plain_thunder_without_memfuse_is_untouched():
     """The executor is added by memfuse's hook only: a jit without memfuse keeps Thunder's executors."""
     jm = thunder.jit(Attn())

@@ -114,18 +114,19 @@ def declined(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
     return None
 
 
-def _note(reason) -> None:
-    """Count a fused call (reason None) or name why one runs decomposed, on the compilation's data
-    (attention_summary); a reason is also logged, once per process."""
+def _note(reason, call=None) -> None:
+    """Count a fused call (`call`: its query, key and value names, so a call Thunder transforms twice counts
+    once) or name why one runs decomposed, on the compilation's data (attention_summary); a reason is also
+    logged, once per process."""
     from thunder.core.compile_data import get_compile_data
 
     cd = get_compile_data()
     if cd is not None:
         seen = getattr(cd, "_memfuse_attention", None)
         if seen is None:
-            seen = cd._memfuse_attention = {"fused": 0, "decomposed": set()}
+            seen = cd._memfuse_attention = {"fused": set(), "decomposed": set()}
         if reason is None:
-            seen["fused"] += 1
+            seen["fused"].add(call)
         else:
             seen["decomposed"].add(reason)
     if reason is None:
@@ -139,12 +140,12 @@ def _note(reason) -> None:
 
 
 def attention_summary(cd) -> dict | None:
-    """{"fused": calls that took the fused kernels, "decomposed": sorted reasons some did not} for compile
+    """{"fused": attention calls that took the fused kernels, "decomposed": sorted reasons some did not} for compile
     data `cd`; None where no attention on CPU tensors was seen."""
     seen = getattr(cd, "_memfuse_attention", None)
     if seen is None:
         return None
-    return {"fused": seen["fused"], "decomposed": sorted(seen["decomposed"])}
+    return {"fused": len(seen["fused"]), "decomposed": sorted(seen["decomposed"])}
 
 
 def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
@@ -157,13 +158,13 @@ def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
 
 
 def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    _note(None)
+    _note(None, (query.name, key.name, value.name))
     out, _ = sdpa_fwd(query, key, value, attn_mask, is_causal, scale)
     return out
 
 
 def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    _note(None)
+    _note(None, (query.name, key.name, value.name))
     out, lse = sdpa_fwd(query, key, value, attn_mask, is_causal, scale)
     g = get_grad(out)
     gq, gk, gv = sdpa_bwd(g, query, key, value, out, lse, attn_mask, is_causal, scale)
