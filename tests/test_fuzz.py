@@ -15,13 +15,13 @@ PROGRAMS = int(os.environ.get("MEMFUSE_FUZZ_PROGRAMS", "320"))
 SECONDS = float(os.environ.get("MEMFUSE_FUZZ_SECONDS", "1500"))
 
 
-def _check(res, n):
+def _check(res, n, least_ok=2):
     bad = {k: v for k, v in res.items() if k not in ("ok", "skip")}
-    assert not bad, f"memfuse differs from plain Thunder: {bad}"
+    assert not bad, f"memfuse differs from the reference: {bad}"
     done = sum(len(v) for v in res.values())
     assert done == n, f"only {done} of {n} programs ran within {SECONDS} s"
-    # most programs say something about memfuse (plain Thunder is right on them)
-    assert len(res.get("ok", ())) >= n // 2, {k: len(v) for k, v in res.items()}
+    # most programs say something about memfuse (the reference is right on them)
+    assert len(res.get("ok", ())) >= n // least_ok, {k: len(v) for k, v in res.items()}
 
 
 def test_random_programs_match_plain_thunder():
@@ -64,10 +64,7 @@ EXECUTORS = [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
 def test_stateful_training_steps_match(executors):
     n = max(PROGRAMS // 16, 8) if executors else max(PROGRAMS // 8, 16)
     res = fp.fuzz(range(20_000, 20_000 + n), seconds=SECONDS, executors=executors, family="stateful")
-    bad = {k: v for k, v in res.items() if k not in ("ok", "skip")}
-    assert not bad, f"memfuse differs from the reference on stateful steps: {bad}"
-    assert sum(len(v) for v in res.values()) == n, f"only part of {n} programs ran within {SECONDS} s"
-    assert len(res.get("ok", ())) >= n // 3, {k: len(v) for k, v in res.items()}
+    _check(res, n, least_ok=3)
 
 
 # NOTE [recompute next to writes]: recomputation must copy ops in some of these programs, never one that
@@ -78,7 +75,5 @@ def test_recomputation_next_to_in_place_writes(executors):
 
     n = max(PROGRAMS // 20, 8) if executors else max(PROGRAMS // 8, 24)
     res = fp.fuzz(range(30_000, 30_000 + n), seconds=SECONDS, executors=executors, family="recompute")
-    bad = {k: v for k, v in res.items() if k not in ("ok", "skip")}
-    assert not bad, f"recomputation next to writes went wrong: {bad}"
-    assert sum(len(v) for v in res.values()) == n
+    _check(res, n)
     assert fuzz_stateful.copied_next_to_writes(res) >= 2, res.get("ok")
