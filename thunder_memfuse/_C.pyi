@@ -59,6 +59,9 @@ def simulate(
     fusible: Sequence[object] | None = None,
     epilogues: _Pairs = (),
 ) -> tuple[int, list[int], list[int]]: ...
+def min_cut(
+    n: int, src: Sequence[int], dst: Sequence[int], capacity: Sequence[int], source: int, sink: int
+) -> tuple[int, bytes]: ...
 def plan_trace(
     bsyms: Sequence[Any],
     records: Sequence[tuple[int, int, object, Any, int, int]],

@@ -10,7 +10,8 @@ planning runs later, on the split traces, when the saved set is fixed.
 
 So memfuse_ex's pass does the same first steps: the same dataflow grouping of what it can claim
 (thunder.executors.data_dependent_partition.fuse_bound_symbols, as the torchcompile executor), then
-Thunder's rematerialize and dce.  Then it dissolves its provisional regions back into their bound
+Thunder's rematerialize (its cuts solved in C, NOTE [rematerialization in C] in _rematerialize.py)
+and dce.  Then it dissolves its provisional regions back into their bound
 symbols: memfuse regroups them later by memory (transform.py), and Thunder's always-executors claim
 them right after this pass.  A consumer's recomputed values carry the producer's names; dissolved
 into one trace they would be assigned twice, so they are renamed inside their region.
@@ -49,14 +50,39 @@ def fusion_pass(ex, trace):
 
 
 def _fuse_remat_dissolve(ex, trace):
-    from thunder.core import utils
-    from thunder.core.rematerialization import rematerialize
-    from thunder.core.trace import TraceProvenance, from_trace
+    from thunder.core.trace import TraceProvenance
     from thunder.core.transform_common import dce
-    from thunder.executors.data_dependent_partition import fuse_bound_symbols
-    from thunder.executors.utils import Region
+
+    from ._rematerialize import rematerialize  # NOTE [rematerialization in C]
 
     start = time.perf_counter_ns()
+    fused_trace, counter = provisional_regions(ex, trace)
+    # no dce before the regions are dissolved: its no-op pruning drops any non-prim subsymbol without
+    # subsymbols of its own (a grad rule's ltorch.zeros), a real op inside a provisional region
+    fused_trace = rematerialize(fused_trace)
+    out = _dissolve(ex, fused_trace)
+    out = dce(out)
+    if _writes(out.bound_symbols) != _writes(trace.bound_symbols):
+        raise RuntimeError("rematerialization moved or copied an in-place write")
+    elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+    out.set_provenance(TraceProvenance(
+        f"memfuse fusion pass: {counter} provisional regions, rematerialized, dissolved "
+        f"(took {int(elapsed_ms)} ms)"))
+    from thunder.core.compile_data import get_compile_data
+
+    cd = get_compile_data()
+    if cd is not None:  # the forward's report counts it (transform.py stage_ms)
+        cd._memfuse_fusion_pass_ms = elapsed_ms
+    return out
+
+
+def provisional_regions(ex, trace):
+    """(the trace with ex's provisional regions, how many): the dataflow grouping of what ex claims,
+    pinned ops (NOTE [writes stay put]) left out."""
+    from thunder.core import utils
+    from thunder.core.trace import from_trace
+    from thunder.executors.data_dependent_partition import fuse_bound_symbols
+
     producers, consumers = utils.producers_and_consumers(trace)
     pinned = pinned_ops(trace.bound_symbols)  # NOTE [writes stay put]
 
@@ -75,27 +101,43 @@ def _fuse_remat_dissolve(ex, trace):
         if len(bsyms) == 1 and not claims(bsyms[0]):
             fused.append(bsyms[0])
             continue
-        fused.append(ex.fuse(Region(producers, consumers, bsyms), counter))
+        fused.append(ex.fuse(_Region(producers, consumers, bsyms), counter))
         counter += 1
     fused_trace = from_trace(trace)
     fused_trace.bound_symbols = fused
-    # no dce before the regions are dissolved: its no-op pruning drops any non-prim subsymbol without
-    # subsymbols of its own (a grad rule's ltorch.zeros), a real op inside a provisional region
-    fused_trace = rematerialize(fused_trace)
-    out = _dissolve(ex, fused_trace)
-    out = dce(out)
-    if _writes(out.bound_symbols) != _writes(trace.bound_symbols):
-        raise RuntimeError("rematerialization moved or copied an in-place write")
-    elapsed_ms = (time.perf_counter_ns() - start) / 1e6
-    out.set_provenance(TraceProvenance(
-        f"memfuse fusion pass: {counter} provisional regions, rematerialized, dissolved "
-        f"(took {int(elapsed_ms)} ms)"))
-    from thunder.core.compile_data import get_compile_data
+    return fused_trace, counter
 
-    cd = get_compile_data()
-    if cd is not None:  # the forward's report counts it (transform.py stage_ms)
-        cd._memfuse_fusion_pass_ms = elapsed_ms
-    return out
+
+class _Region:
+    """thunder.executors.utils.Region's inputs and outputs (ordered as it orders them), found in time
+    linear in the region: Region asks `producer in bound_symbols` of a list, by BoundSymbol equality,
+    for every value, which made the pass quadratic in the size of a region."""
+
+    def __init__(self, producers, consumers, bound_symbols):
+        from thunder.core import utils
+        from thunder.core.proxies import Proxy, variableify
+        from thunder.core.transform_common import order_proxies
+        from thunder.executors.utils import comment_symbols
+
+        self.bound_symbols = bound_symbols
+        inside = {id(b) for b in bound_symbols}
+        inputs, outputs, seen = [], [], set()
+        for b in bound_symbols:
+            for x in b.flat_outs:
+                if not isinstance(x, Proxy) or id(producers[x]) not in inside:
+                    continue
+                if any(id(c) not in inside for c in consumers.get(x, ())) and x.name not in seen:
+                    seen.add(x.name)
+                    outputs.append(x)
+            if b.sym.id in comment_symbols:
+                continue
+            for x in b.flat_args:
+                if isinstance(x, Proxy) and id(producers[x]) not in inside and x.name not in seen:
+                    seen.add(x.name)
+                    inputs.append(x)
+        order = order_proxies(bound_symbols)
+        self.inputs = utils.OrderedSet(variableify(x) for x in sorted(inputs, key=lambda p: order[p.name]))
+        self.outputs = utils.OrderedSet(variableify(x) for x in sorted(outputs, key=lambda p: order[p.name]))
 
 
 def pinned_ops(bsyms) -> set:

@@ -286,6 +286,16 @@ void mf_remat_result_free(mf_ctx *ctx, mf_remat_result *r);
 /* The result as a graph description (its arrays, not copies). */
 void mf_remat_result_desc(const mf_remat_result *r, mf_graph_desc *d);
 
+/* mf_flow.c NOTE [min cut]: a maximum flow from s to t over m directed edges
+ * (src[i] -> dst[i], capacity cap[i] >= 0, or MF_FLOW_INF); sink_side[v] (n
+ * bytes, written) is 1 for the nodes that reach t in the residual graph: the
+ * minimum cut closest to the sink, the same for every maximum flow.  *flow_out
+ * (may be NULL) the flow's value.  MF_EINVAL with a message for bad edges or
+ * where an infinite-capacity path joins s and t. */
+#define MF_FLOW_INF (-1)
+int mf_min_cut(mf_ctx *ctx, int32_t n, int32_t m, const int32_t *src, const int32_t *dst, const int64_t *cap,
+               int32_t s, int32_t t, int64_t *flow_out, uint8_t *sink_side);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,7 @@
 int mf_py_plan_exec(PyObject *module);    /* plan.c: plan(), simulate() */
 int mf_py_trace_exec(PyObject *module);   /* trace.c: Thunder trace reading */
 int mf_py_cuda_exec(PyObject *module);    /* cuda_py.c: CUDA loader, codegen, NVRTC, cuBLAS */
+int mf_py_flow_exec(PyObject *module);    /* flow.c: min_cut() */
 
 #include "mf_core.h"
 #include "mf_build.h"

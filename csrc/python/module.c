@@ -2,8 +2,8 @@
  * module.c -- thunder_memfuse._C: PEP 489 multi-phase init.
  *
  * The exec slot asks each part of the binding to add its functions:
- * plan.c (the C core: plan, simulate), trace.c (reading Thunder traces) and
- * cuda_py.c (CUDA loader, code generator, NVRTC, cuBLAS).  No static
+ * plan.c (the C core: plan, simulate), trace.c (reading Thunder traces),
+ * cuda_py.c (CUDA loader, code generator, NVRTC, cuBLAS) and flow.c (min_cut).  No static
  * PyObject globals and no module state (m_size 0): the exception types are
  * attributes of the module, looked up per raise (errors.c).
  *
@@ -38,6 +38,8 @@ static int mf_exec(PyObject *m)
     if (mf_py_trace_exec(m) < 0)
         return -1;
     if (mf_py_cuda_exec(m) < 0)
+        return -1;
+    if (mf_py_flow_exec(m) < 0)
         return -1;
     return 0;
 }
