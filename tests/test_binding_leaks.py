@@ -57,7 +57,7 @@ def test_plan_trace_does_not_leak():
 
 
 def test_recomputation_passes_do_not_leak():
-    """csrc/python/remat.c: the searches, the focused tries (one kept here: the graph of
+    """csrc/core/mf_pipeline.c: the searches, the focused tries (one kept here: the graph of
     tests/test_recompute.py's focused-split test) and the plans they drop."""
     from thunder_memfuse import _C
 

@@ -154,7 +154,7 @@ def test_a_chain_is_recomputed_whole_where_one_link_cannot_help():
 
 
 def test_the_search_runs_again_on_the_order_planned_with_its_copies():
-    """csrc/python/plan.c NOTE [recomputation passes]: the first search copies v2 for op 4; planned
+    """csrc/core/mf_pipeline.c NOTE [recomputation passes]: the first search copies v2 for op 4; planned
     again, that graph's order lets a second search copy v1 too (for op 3 and for v2's copy), which no
     copy set on the first order reaches.  The result names the caller's ops and values."""
     ops = [([0], [1]), ([0, 1], [2]), ([0, 2], [3]), ([1, 3], [4]), ([2, 4], [5]), ([4], [6])]
@@ -209,7 +209,7 @@ def test_a_split_the_unfused_search_cannot_score_is_found_at_the_fused_peak():
 
 
 def test_a_kept_plan_is_never_above_the_full_plan_of_its_graph():
-    """csrc/python/remat.c NOTE [recomputation passes]: whatever the passes keep (searches from two
+    """csrc/core/mf_pipeline.c NOTE [recomputation passes]: whatever the passes keep (searches from two
     starts, focused tries planned with a tenth of the DP states and the best planned again in full),
     the returned plan is one of the graph with the copies, as the reference simulator scores it, and
     its peak is at most what planning that graph again with the caller's budget gives.  A small state

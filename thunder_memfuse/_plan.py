@@ -53,6 +53,11 @@ class Plan:
     # splits, copied_bytes, graph (the graph with the copies, which `order` and `groups` index)
     recompute: Optional[dict] = None
     peak_bytes_without_recompute: Optional[int] = None
+    # pipeline: how the plan was found (csrc/core/mf_pipeline.c NOTE [planning pipeline]): start (the
+    # labelled start that won), steps (each recomputation pass it kept: kind, splits, copied_bytes,
+    # peak_before, peak_after), plans (planner calls), work and max_work (NOTE [work budget]),
+    # budget_hit (a start or pass skipped for want of work)
+    pipeline: Optional[dict] = None
 
 
 def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequence[int] = (),

@@ -186,7 +186,8 @@ def report(jfn) -> dict:
     what each term means): peak_before_bytes, peak_after_bytes,
     unfused_peak_bytes, lower_bound_bytes; regions_before / regions_after (fusion
     regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
-    found); comm_moves and collectives (per asynchronous collective, its op
+    found); pipeline (the planning pipeline's start that won, the recomputation passes it kept, its
+    planner calls and work); comm_moves and collectives (per asynchronous collective, its op
     position before and after memfuse, and its wait's); plan_ms (the pass's own time); time_ms (that time by stage); replaced_executors;
     compiled_peak_bytes (the peak with each region Inductor compiled counted by the buffers its
     program allocates, _compare.py NOTE [regions in compare]; None before any was compiled);
@@ -254,6 +255,10 @@ def report(jfn) -> dict:
             # csrc/core/mf_remat.c NOTE [recomputation]: what runs twice, the bytes it writes again,
             # and the planned peak without the copies (None: nothing was recomputed)
             "recompute": _recompute_summary(info.get("recompute"), start),
+            # csrc/core/mf_pipeline.c NOTE [planning pipeline]: the start that won, the recomputation
+            # passes it kept (kind, splits, copied_bytes, peak_before, peak_after), planner calls, and
+            # the work spent against the trace's budget (NOTE [work budget])
+            "pipeline": plan.get("pipeline"),
         }
     return out
 
@@ -398,6 +403,14 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
                          f"{', ...' if len(names) > 6 else ''}), {rc['copied_bytes'] / 2**20:.2f} MiB written "
                          f"again: planned peak {rc['peak_without_bytes'] / 2**20:.2f} -> "
                          f"{rc['peak_bytes'] / 2**20:.2f} MiB")
+        pl = r.get("pipeline")
+        if pl and (pl["steps"] or pl["start"] != "plan" or pl["budget_hit"]):
+            kept = "; ".join(f"{st['kind']}: {st['splits']} {'copy' if st['splits'] == 1 else 'copies'}, "
+                             f"{st['peak_before'] / 2**20:.2f} -> {st['peak_after'] / 2**20:.2f} MiB"
+                             for st in pl["steps"])
+            lines.append(f"    planned from start {pl['start']!r} ({pl['plans']} planner calls)"
+                         + (f", passes kept: {kept}" if kept else "")
+                         + (", work budget reached: later starts and passes skipped" if pl["budget_hit"] else ""))
         for item in r["largest_live_at_peak"]:
             name, b = item[0], item[1]
             where = f" ({item[2]})" if len(item) > 2 and item[2] else ""

@@ -286,6 +286,50 @@ void mf_remat_result_free(mf_ctx *ctx, mf_remat_result *r);
 /* The result as a graph description (its arrays, not copies). */
 void mf_remat_result_desc(const mf_remat_result *r, mf_graph_desc *d);
 
+/* mf_pipeline.c NOTE [planning pipeline]: one trace's planning, whole: the
+ * planner from labelled starts, recomputation's searches and focused splits
+ * (cheap and recompute_budget as mf_recompute takes them; NULL or <= 0: none,
+ * one mf_plan), under one budget of work (NOTE [work budget]). */
+typedef struct mf_pipeline_options {
+    mf_plan_options plan;
+    const uint8_t *cheap;      /* n_ops flags, or NULL */
+    int64_t recompute_budget;  /* bytes the copies may write in all */
+    int32_t passes;            /* searches per start; <= 0: the default (3) */
+    int64_t max_work;          /* work units; <= 0: the default, in proportion to the graph */
+} mf_pipeline_options;
+
+#define MF_PIPELINE_WORK_FLOOR ((int64_t)MF_DEFAULT_MAX_STATES * 8)
+#define MF_PIPELINE_WORK_PER_OP ((int64_t)1000)
+#define MF_PIPELINE_MAX_STEPS 16
+enum { MF_STEP_SEARCH = 0, MF_STEP_FOCUSED = 1 };
+
+typedef struct mf_pipeline_step {
+    uint8_t kind;                   /* MF_STEP_* */
+    int32_t splits;                 /* copies the step made */
+    int64_t copied_bytes;           /* bytes they write */
+    int64_t peak_before, peak_after; /* the planned (fused) peak before and after it */
+} mf_pipeline_step;
+
+typedef struct mf_pipeline_result {
+    mf_plan_result plan;       /* of g, or of copies' graph where has_copies */
+    int has_copies;
+    /* the graph with copies, as mf_recompute returns it, its origins and value
+     * origins in terms of g and n_splits / copied_bytes summed over the kept
+     * steps; start_peak_bytes the first step's, peak_bytes the last's */
+    mf_remat_result copies;
+    int64_t first_peak_bytes;           /* the first plan of g (no copies) */
+    int64_t first_baseline_peak_bytes;
+    const char *start;                  /* static label of the winning start */
+    int32_t n_steps;                    /* the winner's kept steps, in order (at most MAX_STEPS kept) */
+    mf_pipeline_step steps[MF_PIPELINE_MAX_STEPS];
+    int32_t n_plans;                    /* planner calls */
+    int64_t work, max_work;             /* work units spent, and the budget */
+    int budget_hit;                     /* a start or pass was skipped for want of work */
+} mf_pipeline_result;
+
+int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_options *opt, mf_pipeline_result *out);
+void mf_pipeline_result_free(mf_ctx *ctx, mf_pipeline_result *r);
+
 /* mf_flow.c NOTE [min cut]: a maximum flow from s to t over m directed edges
  * (src[i] -> dst[i], capacity cap[i] >= 0, or MF_FLOW_INF); sink_side[v] (n
  * bytes, written) is 1 for the nodes that reach t in the residual graph: the

@@ -29,25 +29,29 @@ PyObject *mf_py_raise_status(int status, const char *msg);
 PyObject *mf_py_raise(const mf_ctx *ctx, int status);
 /* The planner's options as plan() and plan_trace() take them (mf_plan_options). */
 typedef struct mf_py_plan_args {
-    long long max_states, dp_max_bytes, max_refine, peak_allowance;
+    long long max_states, dp_max_bytes, max_refine, peak_allowance, max_work;
     int fuse, fusion_moves, comm_overlap, dp_max_ops, hoists, coarse;
 } mf_py_plan_args;
 /* The planner's defaults, stated once: the core's own limits (0), no peak
  * allowance, fusion, fusion-aware moves, collective overlap, hoists and coarse
  * orders on. */
-#define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 0, 0, 1, 1, 1, 0, 1, 1}
-PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa); /* -> plan dict */
-/* remat.c: recomputation (mf_remat.c NOTE [recomputation]) on b's graph and
- * its plan dict, budget in bytes; focus NULL (the search) or {lo, hi, pick}
- * (mf_remat_focus.c NOTE [focused splits]).  Where copies were made, *out holds the
- * graph with them and *info a dict (origin, value_origin, splits,
- * copied_bytes, searched_peak_bytes, start_peak_bytes, n_values_before); else
- * *info is NULL and *out empty.  0 or -1 (exception); free *out either way. */
-int mf_py_recompute(mf_gbuf *b, const uint8_t *cheap, PyObject *plan, long long budget, const int32_t *focus,
-                    mf_gbuf *out, PyObject **info);
-/* remat.c: plan b, then try recomputation; the plan dict, with "recompute"
- * (the info above plus "graph", the graph with the copies as a dict) where
- * the copies lower the planned peak.  passes <= 0: the default. */
+#define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 1}
+/* plan.c: the core's plan options from pa; a plan result as plan()'s dict. */
+void mf_py_plan_options(const mf_py_plan_args *pa, mf_plan_options *opt);
+PyObject *mf_py_plan_dict(const mf_plan_result *r);
+/* plan.c: mf_plan_pipeline without the GIL, Ctrl-C polled
+ * (NOTE [interrupting a plan]); the core's status. */
+int mf_py_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *d, const mf_pipeline_options *opt,
+                        mf_pipeline_result *res);
+/* remat.c: the core's planning pipeline (mf_pipeline.c NOTE [planning
+ * pipeline]) on b, converted once: the plan dict, with "pipeline" (the
+ * winning start, its kept steps, the planner calls and the work spent) and,
+ * where copies lower the planned peak, "recompute" (origin, value_origin,
+ * splits, copied_bytes, searched_peak_bytes, start_peak_bytes,
+ * n_values_before, and "graph", the graph with the copies as a dict).  cheap
+ * NULL or budget <= 0: no recomputation; passes <= 0: the default.  *used
+ * receives the graph with copies where the plan is for one (else it stays
+ * empty); the caller frees it.  New reference or NULL. */
 PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long budget,
                                     const mf_py_plan_args *pa, int passes, mf_gbuf *used);
 /* trace_regroup.c: the plan's groups as lists of bound symbols (ops_list:

@@ -448,7 +448,7 @@ static PyObject *kind_list(const uint8_t *kinds, int32_t n)
 
 /* The plan result as a dict (the Python layer wraps it in a Plan): groups[k]
  * the op ids of group k, kinds[k] its kind. */
-static PyObject *plan_to_dict(const mf_plan_result *r)
+PyObject *mf_py_plan_dict(const mf_plan_result *r)
 {
     PyObject *d = NULL, *order = NULL, *groups = NULL, *kinds = NULL;
     int32_t g;
@@ -514,50 +514,38 @@ static int poll_signals(void *ud)
     return rc < 0;
 }
 
-/* Run the core planner on a built graph; returns the result dict.
- * fusion_moves: 0 sets mf_plan_options.no_fusion_moves, comm_overlap: 0
- * no_comm_overlap, hoists: 0 no_hoists; dp_max_ops:
- * mf_plan_options.dp_max_ops (0: the default; tests lower it); dp_max_bytes:
- * mf_plan_options.max_dp_bytes (0: the default). */
-PyObject *mf_py_run_plan(mf_gbuf *b, const mf_py_plan_args *pa)
+/* The core's plan options from the binding's arguments: fusion_moves 0 sets
+ * no_fusion_moves, comm_overlap 0 no_comm_overlap, hoists 0 no_hoists,
+ * coarse 0 no_coarse; dp_max_ops, dp_max_bytes (0: the defaults; tests lower
+ * them). */
+void mf_py_plan_options(const mf_py_plan_args *pa, mf_plan_options *opt)
 {
-    mf_ctx ctx;
-    mf_graph_desc desc;
-    mf_plan_options opt;
-    mf_plan_result res;
-    sigpoll sp;
-    PyObject *out;
-    int st;
+    memset(opt, 0, sizeof *opt);
+    opt->max_states = pa->max_states;
+    opt->max_dp_bytes = pa->dp_max_bytes;
+    opt->fuse = pa->fuse;
+    opt->no_fusion_moves = !pa->fusion_moves;
+    opt->no_comm_overlap = !pa->comm_overlap;
+    opt->dp_max_ops = pa->dp_max_ops;
+    opt->no_hoists = !pa->hoists;
+    opt->no_coarse = !pa->coarse;
+    opt->max_refine = pa->max_refine;
+    opt->peak_allowance = pa->peak_allowance;
+}
 
-    mf_py_ctx_init(&ctx);
-    mf_gbuf_desc(b, &desc);
-    memset(&opt, 0, sizeof opt);
-    memset(&res, 0, sizeof res);
-    opt.max_states = pa->max_states;
-    opt.max_dp_bytes = pa->dp_max_bytes;
-    opt.fuse = pa->fuse;
-    opt.no_fusion_moves = !pa->fusion_moves;
-    opt.no_comm_overlap = !pa->comm_overlap;
-    opt.dp_max_ops = pa->dp_max_ops;
-    opt.no_hoists = !pa->hoists;
-    opt.no_coarse = !pa->coarse;
-    opt.max_refine = pa->max_refine;
-    opt.peak_allowance = pa->peak_allowance;
-    ctx.cancel = poll_signals;
-    ctx.cancel_ud = &sp;
+int mf_py_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *d, const mf_pipeline_options *opt,
+                        mf_pipeline_result *res)
+{
+    sigpoll sp;
+    int st;
+    ctx->cancel = poll_signals;
+    ctx->cancel_ud = &sp;
     sp.next = mf_py_mono_s() + MF_PY_POLL_S;
     sp.ts = PyEval_SaveThread();
-    st = mf_graph_check(&ctx, &desc);
-    if (st == MF_OK)
-        st = mf_plan(&ctx, &desc, &opt, &res);
+    st = mf_plan_pipeline(ctx, d, opt, res);
     PyEval_RestoreThread(sp.ts);
-    if (st != MF_OK) {
-        mf_plan_result_free(&ctx, &res);
-        return mf_py_raise(&ctx, st);
-    }
-    out = plan_to_dict(&res);
-    mf_plan_result_free(&ctx, &res);
-    return out;
+    ctx->cancel = NULL;
+    return st;
 }
 
 static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
@@ -565,11 +553,12 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
                              "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
-                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", NULL};
+                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", "_max_work", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
     PyObject *dp_ops_o = NULL, *dp_bytes_o = NULL, *budget_o = NULL, *passes_o = NULL, *allowance_o = NULL;
-    long long budget = 0, n = 0;
+    PyObject *work_o = NULL;
+    long long budget = 0, n = 0, max_work = 0;
     uint8_t *cheap = NULL;
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
@@ -579,13 +568,14 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpOO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
                                      &af, &ms, &fuse, &ep, &fusion_moves, &dp_ops_o, &dp_bytes_o, &cm,
-                                     &comm_overlap, &budget_o, &ch, &passes_o, &hoists, &allowance_o))
+                                     &comm_overlap, &budget_o, &ch, &passes_o, &hoists, &allowance_o, &work_o))
         return NULL;
     if (mf_py_count_arg(allowance_o, "peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
         mf_py_count_arg(budget_o, "recompute", "a budget in bytes", LLONG_MAX, &budget) < 0 ||
-        mf_py_count_arg(dp_bytes_o, "_dp_max_bytes", "a number of bytes", LLONG_MAX, &dp_max_bytes) < 0)
+        mf_py_count_arg(dp_bytes_o, "_dp_max_bytes", "a number of bytes", LLONG_MAX, &dp_max_bytes) < 0 ||
+        mf_py_count_arg(work_o, "_max_work", "a number of work units", LLONG_MAX, &max_work) < 0)
         return NULL;
     if (mf_py_count_arg(dp_ops_o, "_dp_max_ops", "a number of ops", INT_MAX, &n) < 0)
         return NULL;
@@ -639,6 +629,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
             pa.dp_max_ops = dp_max_ops;
             pa.hoists = hoists;
             pa.peak_allowance = allowance;
+            pa.max_work = max_work;
             out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, &pa, passes, &used);
             mf_gbuf_free(&used);
         }
@@ -801,7 +792,7 @@ static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
-     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True, peak_allowance=0)\n"
+     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True, peak_allowance=0, _max_work=0)\n"
      "--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
@@ -810,7 +801,9 @@ static PyMethodDef plan_methods[] = {
      "max_states: None or an int in [1, 2**63 - 1].  The DP also stops at a memory budget (256 MiB, "
      "_dp_max_bytes when > 0), reporting optimal=False.  Ctrl-C raises KeyboardInterrupt.\n"
      "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "
-     "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3); _hoists=False: no NOTE [hoists]."},
+     "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3); _hoists=False: no NOTE [hoists]; "
+     "_max_work: the planning pipeline's work budget (NOTE [work budget]; 0: the default).  The result's \"pipeline\" says which "
+     "start won, the recomputation passes kept, the planner calls and the work spent."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
      "aliases=(), fusible=None, epilogues=())\n--\n\n"
