@@ -1,0 +1,196 @@
+/*
+ * test_pipeline.c -- tests of the planning pipeline (csrc/core/mf_pipeline.c NOTE [planning
+ * pipeline], NOTE [work budget]) and of the max flow (csrc/core/mf_flow.c NOTE [min cut]), run
+ * from test_core.c's main.  Random graphs with fusible and cheap ops go through mf_plan_pipeline:
+ * the plan is a valid order of its graph whose simulated peak (with its groups) is the reported
+ * one, never above the first plan; the kept steps chain and add up to the copies; a work budget of
+ * one unit stops after the first plan.  The max flow's cut on a small graph is the known one, an
+ * infinite path is an error.  Allocation failures leave nothing behind.
+ */
+#include "mf_build.h"
+#include "test_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int mf_test_pipeline(int *checks);
+
+static int p_failures, p_checks;
+
+#define PCHECK(cond, ...) MF_TEST_CHECK(p_checks, p_failures, cond, __VA_ARGS__)
+
+static uint64_t p_state = 0x2545F4914F6CDD1DULL;
+
+static int p_int(int n) /* [0, n) */
+{
+    p_state ^= p_state << 13;
+    p_state ^= p_state >> 7;
+    p_state ^= p_state << 17;
+    return (int)(p_state % (uint64_t)n);
+}
+
+/* A random DAG of n ops (n < 200): op k reads 1-3 recent values and makes one; ops fusible at
+ * 80%, cheap at 70%; the values nothing reads are outputs. */
+static void random_graph(mf_gbuf *b, uint8_t *cheap, int n)
+{
+    static const int64_t sizes[] = {1, 4, 8, 16, 32};
+    uint8_t read[256];
+    int k, v;
+    mf_gbuf_init(b, NULL);
+    memset(read, 0, sizeof read);
+    mf_gbuf_add_value(b, 8, 1);
+    for (k = 0; k < n; k++) {
+        int nin = 1 + p_int(3), i;
+        cheap[k] = (uint8_t)(p_int(10) < 7);
+        mf_gbuf_begin_op(b, p_int(10) < 8);
+        for (i = 0; i < nin; i++) {
+            int32_t nv = b->n_values, u = nv - 1 - p_int(nv < 12 ? nv : 12);
+            mf_gbuf_op_in(b, u);
+            read[u] = 1;
+        }
+        mf_gbuf_op_out(b, mf_gbuf_add_value(b, sizes[p_int(5)], 0));
+        mf_gbuf_end_op(b);
+    }
+    for (v = 1; v < b->n_values; v++)
+        b->is_output[v] = !read[v];
+}
+
+static void check_result(const mf_graph_desc *g, const uint8_t *cheap, const mf_pipeline_result *r, int seed)
+{
+    mf_ctx ctx;
+    mf_graph_desc d = *g;
+    int64_t peak = -1;
+    int valid = 0, i;
+    int32_t splits = 0;
+    mf_ctx_init(&ctx, NULL);
+    if (r->has_copies)
+        mf_remat_result_desc(&r->copies, &d);
+    PCHECK(mf_check_order(&ctx, &d, r->plan.order, &valid) == MF_OK && valid, "seed %d: invalid order", seed);
+    PCHECK(mf_simulate(&ctx, &d, r->plan.order, r->plan.group_ptr, r->plan.n_groups, &peak, NULL, NULL) == MF_OK &&
+               peak == r->plan.peak_bytes,
+           "seed %d: simulated %lld, planned %lld", seed, (long long)peak, (long long)r->plan.peak_bytes);
+    PCHECK(r->plan.peak_bytes <= r->first_peak_bytes, "seed %d: above the first plan", seed);
+    PCHECK(r->work > 0 && r->n_plans >= 1 && r->start != NULL, "seed %d: no account", seed);
+    for (i = 0; i < r->n_steps; i++) {
+        splits += r->steps[i].splits;
+        PCHECK(r->steps[i].peak_after < r->steps[i].peak_before, "seed %d: step %d kept without a gain", seed, i);
+        if (i)
+            PCHECK(r->steps[i].peak_before == r->steps[i - 1].peak_after, "seed %d: steps do not chain", seed);
+    }
+    if (!r->has_copies)
+        return;
+    PCHECK(splits == r->copies.n_splits, "seed %d: steps made %d copies, the result %d", seed, (int)splits,
+           (int)r->copies.n_splits);
+    for (i = 0; i < r->copies.n_ops; i++) {
+        int32_t o = r->copies.origin[i], j, twice = 0;
+        PCHECK(o >= 0 && o < g->n_ops, "seed %d: origin out of range", seed);
+        for (j = 0; j < r->copies.n_ops; j++)
+            twice += j != i && r->copies.origin[j] == o;
+        PCHECK(!twice || cheap[o], "seed %d: op %d copied but not cheap", seed, (int)o);
+    }
+}
+
+static int call_pipeline(mf_ctx *ctx, const mf_graph_desc *d, const mf_pipeline_options *o, mf_pipeline_result *r)
+{
+    int st = mf_plan_pipeline(ctx, d, o, r);
+    if (st != MF_OK)
+        PCHECK(r->plan.order == NULL && !r->has_copies, "a failed pipeline left a result");
+    return st;
+}
+
+static void inject_pipeline(const mf_graph_desc *d, const mf_pipeline_options *o)
+{
+    mf_talloc ta;
+    mf_allocator al = {mf_talloc_alloc, mf_talloc_free, NULL};
+    mf_ctx ctx;
+    mf_pipeline_result r;
+    long total, N;
+    al.ud = &ta;
+    memset(&ta, 0, sizeof ta);
+    mf_ctx_init(&ctx, &al);
+    PCHECK(call_pipeline(&ctx, d, o, &r) == MF_OK && r.has_copies, "pipeline: the clean run made no copies");
+    mf_pipeline_result_free(&ctx, &r);
+    PCHECK(ta.live == 0, "pipeline: clean run leaked %ld blocks", ta.live);
+    total = ta.count;
+    for (N = 1; N <= total; N++) {
+        int st;
+        memset(&ta, 0, sizeof ta);
+        ta.fail_at = N;
+        st = call_pipeline(&ctx, d, o, &r);
+        mf_pipeline_result_free(&ctx, &r);
+        PCHECK(st == MF_ENOMEM, "pipeline: failing allocation %ld/%ld gave %d (%s)", N, total, st, ctx.err);
+        PCHECK(ta.live == 0, "pipeline: failing allocation %ld leaked %ld blocks", N, ta.live);
+    }
+    printf("allocation failure injection (planning pipeline): %ld allocations, each failed once\n", total);
+}
+
+static void test_random_pipelines(void)
+{
+    int seed, with_copies = 0, injected = 0;
+    for (seed = 0; seed < 60; seed++) {
+        mf_gbuf b;
+        uint8_t cheap[256];
+        mf_graph_desc d;
+        mf_pipeline_options o;
+        mf_pipeline_result r, cut;
+        mf_ctx ctx;
+        random_graph(&b, cheap, 20 + p_int(30));
+        mf_gbuf_desc(&b, &d);
+        mf_ctx_init(&ctx, NULL);
+        memset(&o, 0, sizeof o);
+        o.plan.fuse = 1;
+        o.plan.max_states = 200;
+        o.cheap = cheap;
+        o.recompute_budget = 1 << 20;
+        PCHECK(mf_plan_pipeline(&ctx, &d, &o, &r) == MF_OK, "seed %d: %s", seed, ctx.err);
+        check_result(&d, cheap, &r, seed);
+        with_copies += r.has_copies;
+        o.max_work = 1;
+        PCHECK(mf_plan_pipeline(&ctx, &d, &o, &cut) == MF_OK, "seed %d: %s", seed, ctx.err);
+        PCHECK(cut.budget_hit && cut.n_plans == 1 && !cut.has_copies && cut.plan.peak_bytes == r.first_peak_bytes,
+               "seed %d: one unit of work planned more than once", seed);
+        mf_pipeline_result_free(&ctx, &cut);
+        if (r.has_copies && !injected) {
+            o.max_work = 0;
+            inject_pipeline(&d, &o);
+            injected = 1;
+        }
+        mf_pipeline_result_free(&ctx, &r);
+        mf_gbuf_free(&b);
+    }
+    PCHECK(with_copies >= 5, "only %d random graphs kept copies", with_copies);
+}
+
+static void test_min_cut(void)
+{
+    /* s=0 -> 1 (3), s -> 2 (2), 1 -> 2 (1), 1 -> t=3 (2), 2 -> t (4): flow 5; the sink side in the
+     * residual graph is t and 2 (2 -> t has capacity left), the cut s->2, 1->2, 1->t */
+    int32_t src[] = {0, 0, 1, 1, 2}, dst[] = {1, 2, 2, 3, 3};
+    int64_t cap[] = {3, 2, 1, 2, 4}, flow = 0, inf_cap[] = {MF_FLOW_INF, MF_FLOW_INF};
+    int32_t isrc[] = {0, 1}, idst[] = {1, 2};
+    uint8_t side[4];
+    mf_ctx ctx;
+    mf_talloc ta;
+    mf_allocator al = {mf_talloc_alloc, mf_talloc_free, NULL};
+    mf_ctx_init(&ctx, NULL);
+    PCHECK(mf_min_cut(&ctx, 4, 5, src, dst, cap, 0, 3, &flow, side) == MF_OK && flow == 5, "flow %lld",
+           (long long)flow);
+    PCHECK(!side[0] && !side[1] && side[2] && side[3], "sink side %d%d%d%d", side[0], side[1], side[2], side[3]);
+    PCHECK(mf_min_cut(&ctx, 3, 2, isrc, idst, inf_cap, 0, 2, &flow, side) == MF_EINVAL &&
+               strstr(ctx.err, "infinite capacity"),
+           "an infinite path: %s", ctx.err);
+    al.ud = &ta;
+    memset(&ta, 0, sizeof ta);
+    ta.fail_at = 1;
+    mf_ctx_init(&ctx, &al);
+    PCHECK(mf_min_cut(&ctx, 4, 5, src, dst, cap, 0, 3, &flow, side) == MF_ENOMEM && ta.live == 0,
+           "a failed allocation");
+}
+
+int mf_test_pipeline(int *checks)
+{
+    test_random_pipelines();
+    test_min_cut();
+    *checks += p_checks;
+    return p_failures;
+}
