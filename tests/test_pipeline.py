@@ -74,6 +74,32 @@ def test_a_smaller_work_budget_never_plans_lower_and_never_above_the_first_plan(
     assert cut_short >= 40  # at least every run with one unit
 
 
+def test_a_peak_target_gives_the_fewest_copies_that_fit_and_never_a_higher_plan_for_a_lower_target():
+    """NOTE [peak target]: with a target, the plan fits it with no more copies than the lowest plan; a
+    lower target never gives a higher plan; where nothing fits, the lowest plan and fits False."""
+    fitted_with_fewer_copies = 0
+    for seed, ops, vb, kw in _graphs(60):
+        lowest = _C.plan(ops, vb, recompute=sum(vb), **kw)
+        lo = lowest["peak_bytes"]
+        hi = lowest.get("peak_bytes_without_recompute", lo)  # the first plan (no copies)
+        lo_copies = lowest.get("recompute", {}).get("copied_bytes", 0)
+        prev = None
+        for t in sorted({hi + 1, hi, lo, lo - 1} | {lo + (hi - lo) * i // 6 for i in range(7)}, reverse=True):
+            r = _C.plan(ops, vb, recompute=sum(vb), peak_target=t, **kw)
+            pk, copies = r["peak_bytes"], r.get("recompute", {}).get("copied_bytes", 0)
+            assert r["pipeline"]["fits"] == (pk <= t), (seed, t)
+            if not r["pipeline"]["fits"]:
+                assert pk == lo, (seed, t)
+            if t >= hi:
+                assert copies == 0 and pk == hi, (seed, t)
+            if t >= lo:
+                assert copies <= lo_copies, (seed, t)
+                fitted_with_fewer_copies += copies < lo_copies
+            assert prev is None or r["pipeline"]["budget_hit"] or pk <= prev, (seed, t, pk, prev)
+            prev = pk
+    assert fitted_with_fewer_copies >= 20, fitted_with_fewer_copies
+
+
 def test_the_same_graph_gets_the_same_plan():
     for seed, ops, vb, kw in _graphs(10):
         a = plan(ops, vb, recompute=sum(vb), **kw)
@@ -87,3 +113,5 @@ def test_max_work_is_checked():
 
     with pytest.raises(ValueError, match="_max_work"):
         _C.plan([([0], [1])], [4, 4], graph_inputs=[0], _max_work=-1)
+    with pytest.raises(ValueError, match="peak_target"):
+        _C.plan([([0], [1])], [4, 4], graph_inputs=[0], peak_target=-1)

@@ -46,6 +46,7 @@ def plan(
     recompute: int = 0,
     cheap: Sequence[object] | None = None,
     peak_allowance: int = 0,
+    peak_target: int = 0,
 ) -> dict[str, Any]: ...
 def simulate(
     ops: Sequence[tuple[_Ids, _Ids] | Sequence[_Ids]],
@@ -73,6 +74,7 @@ def plan_trace(
     comm_overlap: bool = True,
     recompute: int = 0,
     peak_allowance: int = 0,
+    peak_target: int = 0,
 ) -> dict[str, Any]: ...
 def _validate_max_states(max_states: int | None, /) -> int | None: ...
 

@@ -142,8 +142,8 @@ static void join(coarse *C, int32_t k)
 
 /* The contracted graph of the clusters, planned unfused; its order expanded
  * into order_out.  *found stays 0 when the contraction has a cycle. */
-static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, int64_t max_states, int32_t *order_out,
-                           int *found)
+static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, int64_t max_states, int64_t *states,
+                           int32_t *order_out, int *found)
 {
     const mf_graph_desc *g = C->g;
     int32_t n = C->n, nv = C->nv, k, i, v, c, nk = 0;
@@ -266,6 +266,7 @@ static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, int64_t ma
     o.no_comm_overlap = 1;
     if ((st = mf_plan(C->ctx, &d, &o, &r)) != MF_OK)
         return st;
+    *states += r.states;
     for (c = 0; c < nc; c++) {
         int32_t q = r.order[c];
         for (i = mptr[q]; i < mptr[q + 1]; i++)
@@ -276,8 +277,8 @@ static int plan_contracted(coarse *C, int32_t nc, const int32_t *cid, int64_t ma
     return MF_OK;
 }
 
-int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t max_states, int32_t *order_out,
-                    int *found)
+int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t max_states, int64_t *states,
+                    int32_t *order_out, int *found)
 {
     coarse C;
     int32_t k, nc = 0, *cid, *num;
@@ -309,5 +310,5 @@ int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t ma
     }
     if (nc == C.n) /* nothing contracted: the plan's own orders already are this one */
         return MF_OK;
-    return plan_contracted(&C, nc, cid, max_states, order_out, found);
+    return plan_contracted(&C, nc, cid, max_states, states, order_out, found);
 }

@@ -296,6 +296,8 @@ typedef struct mf_pipeline_options {
     int64_t recompute_budget;  /* bytes the copies may write in all */
     int32_t passes;            /* searches per start; <= 0: the default (3) */
     int64_t max_work;          /* work units; <= 0: the default, in proportion to the graph */
+    int64_t peak_target;       /* bytes; > 0: the plan with the fewest copied bytes whose fused peak is at
+                                * most this (NOTE [peak target]); <= 0: the lowest plan */
 } mf_pipeline_options;
 
 #define MF_PIPELINE_WORK_FLOOR ((int64_t)MF_DEFAULT_MAX_STATES * 8)
@@ -325,6 +327,7 @@ typedef struct mf_pipeline_result {
     int32_t n_plans;                    /* planner calls */
     int64_t work, max_work;             /* work units spent, and the budget */
     int budget_hit;                     /* a start or pass was skipped for want of work */
+    int fits;                           /* peak_target > 0 and the plan's fused peak is at most it */
 } mf_pipeline_result;
 
 int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_options *opt, mf_pipeline_result *out);

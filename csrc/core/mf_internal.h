@@ -189,9 +189,10 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positi
 /* Coarse orders (NOTE [coarse orders] in mf_coarse.c): g's order planned with
  * its fusible chains contracted, into order_out (n_ops entries); *found is 0
  * when none is given (nothing to contract, a cycle, op ids not in
- * topological order). */
-int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t max_states, int32_t *order_out,
-                    int *found);
+ * topological order).  The contracted plan creates at most max_states DP
+ * states, added to *states. */
+int mf_coarse_order(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, int64_t max_states, int64_t *states,
+                    int32_t *order_out, int *found);
 
 /* Hoists (NOTE [hoists] in mf_hoist.c): on the valid order `order`, move a
  * storage's last reader, with its ancestors after the peak step, to just

@@ -39,6 +39,22 @@
  * The default is MF_PIPELINE_WORK_PER_OP units per op of g plus a floor of
  * MF_PIPELINE_WORK_FLOOR: a budget in proportion to the trace, so a larger
  * model gets proportionally more search, never a cliff.
+ *
+ * NOTE [peak target]  With a peak target (bytes, > 0) the pipeline wants the
+ * plan with the least extra work that fits: the fewest bytes written by copies
+ * among the candidates whose fused peak is at most the target.  Each start's
+ * passes stop at the first plan that fits (a later pass only adds copies),
+ * and a candidate that fits beats one that does not; two that fit are ranked
+ * by copied bytes, then peak; two that do not, by peak (as without a target).
+ * The "no coarse orders" start ends with its plan planned again with coarse
+ * orders, so its passes stop where that plan would fit.  Where nothing fits
+ * the result is the lowest plan, the one without a target.
+ * So a smaller target never gives a higher plan: as the target falls, the
+ * first fitting plan of a start only moves later in its chain, to a plan that
+ * fits the smaller target, and one that fits both is ranked the same among
+ * fewer rivals.  (That holds while the work budget is not hit: a start cut
+ * short for want of work ends elsewhere.)  The first plan, no copies, wins
+ * outright where it fits.
  */
 #include "mf_internal.h"
 
@@ -72,7 +88,7 @@ typedef struct pipe {
     mf_ctx *ctx;
     const mf_graph_desc *g;
     const uint8_t *cheap;
-    int64_t work, max_work;
+    int64_t work, max_work, target;
     int32_t n_plans;
     int budget_hit;
 } pipe;
@@ -91,6 +107,17 @@ static void cand_graph(const pipe *p, const cand *c, mf_graph_desc *d)
         mf_remat_result_desc(&c->r, d);
     else
         *d = *p->g;
+}
+
+static int64_t copied(const cand *c)
+{
+    return c->has_copies ? c->r.copied_bytes : 0;
+}
+
+/* NOTE [peak target]: does c's plan fit the target? */
+static int fits(const pipe *p, const cand *c)
+{
+    return p->target > 0 && c->plan.peak_bytes <= p->target;
 }
 
 static int out_of_work(pipe *p)
@@ -309,7 +336,26 @@ static int keep_step(pipe *p, cand *s, cand *o, uint8_t kind)
  * are formed) up to `focus` focused passes.  A later pass's origins are
  * composed with the earlier ones' (keep_step), so the result names ops and
  * values of the pipeline's graph. */
-static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, int passes, int focus, cand *s)
+/* NOTE [peak target]: does s fit, planned as it is or, where eval is given, with eval's options (the
+ * plan the "no coarse orders" start ends with)? */
+static int fits_as_kept(pipe *p, const cand *s, const mf_plan_options *eval, int *ok)
+{
+    mf_graph_desc d;
+    mf_plan_result re;
+    int st;
+    *ok = fits(p, s);
+    if (*ok || p->target <= 0 || !eval || !s->has_copies)
+        return MF_OK;
+    mf_remat_result_desc(&s->r, &d);
+    if ((st = run_plan(p, &d, eval, &re)) != MF_OK)
+        return st;
+    *ok = re.peak_bytes <= p->target;
+    mf_plan_result_free(p->ctx, &re);
+    return MF_OK;
+}
+
+static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, const mf_plan_options *eval, int passes,
+                     int focus, cand *s)
 {
     int pass, st = MF_OK;
     for (pass = 0; pass < passes + focus; pass++) {
@@ -317,9 +363,11 @@ static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, int pass
         uint8_t *own;
         const uint8_t *ch;
         cand t;
-        int got;
+        int got, ok;
         if (left <= 0 || (pass >= passes && !o->fuse) || out_of_work(p))
             break;
+        if ((st = fits_as_kept(p, s, eval, &ok)) != MF_OK || ok)
+            return st;
         if ((st = cheap_of(p, s, &own, &ch)) != MF_OK) {
             mf_free(p->ctx, own);
             return st;
@@ -346,10 +394,19 @@ static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, int pass
     return st;
 }
 
-/* s := the lower of s and c (s on a tie); c is emptied. */
-static void keep_lower(pipe *p, cand *s, cand *c)
+/* s := the better of s and c (s on a tie): the lower, or with a peak target
+ * (NOTE [peak target]) the one that fits, of two that fit the one with fewer
+ * copied bytes, then the lower; c is emptied. */
+static void keep_better(pipe *p, cand *s, cand *c)
 {
-    if (c->plan.peak_bytes < s->plan.peak_bytes) {
+    int fs = fits(p, s), fc = fits(p, c), better;
+    if (fs != fc)
+        better = fc;
+    else if (fs && copied(c) != copied(s))
+        better = copied(c) < copied(s);
+    else
+        better = c->plan.peak_bytes < s->plan.peak_bytes;
+    if (better) {
         cand t = *s;
         *s = *c;
         *c = t;
@@ -375,6 +432,7 @@ int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_opti
     p.ctx = ctx;
     p.g = g;
     p.cheap = opt->cheap;
+    p.target = opt->peak_target;
     p.max_work = opt->max_work > 0 ? opt->max_work
                                    : MF_PIPELINE_WORK_FLOOR + MF_PIPELINE_WORK_PER_OP * (int64_t)g->n_ops;
     if ((st = run_plan(&p, g, &pa, &first)) != MF_OK)
@@ -382,20 +440,20 @@ int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_opti
     out->first_peak_bytes = first.peak_bytes;
     out->first_baseline_peak_bytes = first.baseline_peak_bytes;
     s.start = "plan";
-    if (budget <= 0 || !opt->cheap) {
+    if (budget <= 0 || !opt->cheap || (p.target > 0 && first.peak_bytes <= p.target)) {
         s.plan = first;
         memset(&first, 0, sizeof first);
         goto finish;
     }
-    if ((st = plan_copy(ctx, &first, &s.plan)) != MF_OK || (st = passes_on(&p, budget, &pa, passes, 0, &s)) != MF_OK)
+    if ((st = plan_copy(ctx, &first, &s.plan)) != MF_OK || (st = passes_on(&p, budget, &pa, NULL, passes, 0, &s)) != MF_OK)
         goto done;
     nh = pa;
     nh.no_hoists = 1;
     if (!pa.no_hoists && first.hoists > 0 && !out_of_work(&p)) { /* the plan without hoists */
         c.start = "no hoists";
-        if ((st = run_plan(&p, g, &nh, &c.plan)) != MF_OK || (st = passes_on(&p, budget, &pa, passes, 0, &c)) != MF_OK)
+        if ((st = run_plan(&p, g, &nh, &c.plan)) != MF_OK || (st = passes_on(&p, budget, &pa, NULL, passes, 0, &c)) != MF_OK)
             goto done;
-        keep_lower(&p, &s, &c);
+        keep_better(&p, &s, &c);
     }
     nc = pa;
     nc.no_coarse = 1;
@@ -406,8 +464,8 @@ int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_opti
         int have_re = 0;
         c.start = k ? "no coarse orders, passes with them" : "no coarse orders";
         if ((st = plan_copy(ctx, &noc, &c.plan)) != MF_OK ||
-            (st = passes_on(&p, budget, k ? &pa : &nc, passes, 0, &c)) != MF_OK ||
-            (!k && (st = passes_on(&p, budget, &nc, 0, MF_FOCUS_PASSES, &c)) != MF_OK))
+            (st = passes_on(&p, budget, k ? &pa : &nc, k ? NULL : &pa, passes, 0, &c)) != MF_OK ||
+            (!k && (st = passes_on(&p, budget, &nc, &pa, 0, MF_FOCUS_PASSES, &c)) != MF_OK))
             goto done;
         /* planned with coarse orders: no copies, the first plan; copies planned with them in every
          * pass (k = 1), c's own plan; else planned here */
@@ -428,11 +486,12 @@ int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_opti
         } else if (have_re) {
             mf_plan_result_free(ctx, &re);
         }
-        keep_lower(&p, &s, &c);
+        keep_better(&p, &s, &c);
     }
-    if ((st = passes_on(&p, budget, &pa, 0, MF_FOCUS_PASSES, &s)) != MF_OK)
+    if ((st = passes_on(&p, budget, &pa, NULL, 0, MF_FOCUS_PASSES, &s)) != MF_OK)
         goto done;
 finish:
+    out->fits = fits(&p, &s);
     out->plan = s.plan;
     out->has_copies = s.has_copies;
     out->copies = s.r;

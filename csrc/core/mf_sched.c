@@ -589,8 +589,15 @@ static int stage_fusion_moves(plan *R)
     coarse = (int32_t *)arr(R, (size_t)n, sizeof(int32_t));
     if (!ord2 || !gp2 || !coarse)
         return MF_ENOMEM;
-    if (!(R->opt && R->opt->no_coarse) && (st = mf_coarse_order(R->ctx, R->a, R->g, R->max_states, coarse, &found)))
-        return st;
+    if (!(R->opt && R->opt->no_coarse)) {
+        /* the coarse plan draws on what the DPs left of the plan's state budget, never less than one
+         * window's (NOTE [state budget]); its states are the plan's */
+        int64_t cs = 0, cap = R->max_states - R->states > R->win_cap ? R->max_states - R->states : R->win_cap;
+        if ((st = mf_coarse_order(R->ctx, R->a, R->g, cap, &cs, coarse, &found)))
+            return st;
+        R->states += cs;
+        out->states = R->states;
+    }
     /* a view made without reading its base, or a view of it, can be ordered before the base
      * (NOTE [coarse orders]): then no coarse start */
     if (found && !mf_pg_order_valid(&R->pg, coarse, R->scratch))

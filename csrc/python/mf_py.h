@@ -29,13 +29,13 @@ PyObject *mf_py_raise_status(int status, const char *msg);
 PyObject *mf_py_raise(const mf_ctx *ctx, int status);
 /* The planner's options as plan() and plan_trace() take them (mf_plan_options). */
 typedef struct mf_py_plan_args {
-    long long max_states, dp_max_bytes, max_refine, peak_allowance, max_work;
+    long long max_states, dp_max_bytes, max_refine, peak_allowance, max_work, peak_target;
     int fuse, fusion_moves, comm_overlap, dp_max_ops, hoists, coarse;
 } mf_py_plan_args;
 /* The planner's defaults, stated once: the core's own limits (0), no peak
- * allowance, fusion, fusion-aware moves, collective overlap, hoists and coarse
+ * allowance or peak target, fusion, fusion-aware moves, collective overlap, hoists and coarse
  * orders on. */
-#define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 1}
+#define MF_PY_PLAN_ARGS_DEFAULT {0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 1}
 /* plan.c: the core's plan options from pa; a plan result as plan()'s dict. */
 void mf_py_plan_options(const mf_py_plan_args *pa, mf_plan_options *opt);
 PyObject *mf_py_plan_dict(const mf_plan_result *r);

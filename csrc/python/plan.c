@@ -553,12 +553,12 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
                              "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
-                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", "_max_work", NULL};
+                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", "_max_work", "peak_target", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
     PyObject *dp_ops_o = NULL, *dp_bytes_o = NULL, *budget_o = NULL, *passes_o = NULL, *allowance_o = NULL;
-    PyObject *work_o = NULL;
-    long long budget = 0, n = 0, max_work = 0;
+    PyObject *work_o = NULL, *target_o = NULL;
+    long long budget = 0, n = 0, max_work = 0, target = 0;
     uint8_t *cheap = NULL;
     PyObject *ep = NULL, *cm = NULL;
     int comm_overlap = 1;
@@ -568,14 +568,16 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpOO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpOOO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
                                      &af, &ms, &fuse, &ep, &fusion_moves, &dp_ops_o, &dp_bytes_o, &cm,
-                                     &comm_overlap, &budget_o, &ch, &passes_o, &hoists, &allowance_o, &work_o))
+                                     &comm_overlap, &budget_o, &ch, &passes_o, &hoists, &allowance_o, &work_o,
+                                     &target_o))
         return NULL;
     if (mf_py_count_arg(allowance_o, "peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
         mf_py_count_arg(budget_o, "recompute", "a budget in bytes", LLONG_MAX, &budget) < 0 ||
         mf_py_count_arg(dp_bytes_o, "_dp_max_bytes", "a number of bytes", LLONG_MAX, &dp_max_bytes) < 0 ||
-        mf_py_count_arg(work_o, "_max_work", "a number of work units", LLONG_MAX, &max_work) < 0)
+        mf_py_count_arg(work_o, "_max_work", "a number of work units", LLONG_MAX, &max_work) < 0 ||
+        mf_py_count_arg(target_o, "peak_target", "a number of bytes", LLONG_MAX, &target) < 0)
         return NULL;
     if (mf_py_count_arg(dp_ops_o, "_dp_max_ops", "a number of ops", INT_MAX, &n) < 0)
         return NULL;
@@ -630,6 +632,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
             pa.hoists = hoists;
             pa.peak_allowance = allowance;
             pa.max_work = max_work;
+            pa.peak_target = target;
             out = mf_py_plan_with_recompute(&b, cheap, cheap ? budget : 0, &pa, passes, &used);
             mf_gbuf_free(&used);
         }
@@ -792,8 +795,8 @@ static PyMethodDef plan_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_VARARGS | METH_KEYWORDS,
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
-     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True, peak_allowance=0, _max_work=0)\n"
-     "--\n\n"
+     "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True, peak_allowance=0, _max_work=0, "
+     "peak_target=0)\n--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
      "peak_allowance: a fused peak up to this many bytes costs nothing, so the fewest groups within it are "
@@ -803,7 +806,9 @@ static PyMethodDef plan_methods[] = {
      "_dp_max_ops, _dp_max_bytes (tests only): pieces above this many ops count as large for the DP "
      "(default 256); the DP's memory budget in bytes; how many times recomputation's search runs (default 3); _hoists=False: no NOTE [hoists]; "
      "_max_work: the planning pipeline's work budget (NOTE [work budget]; 0: the default).  The result's \"pipeline\" says which "
-     "start won, the recomputation passes kept, the planner calls and the work spent."},
+     "start won, the recomputation passes kept, the planner calls and the work spent.\n"
+     "peak_target: 0, or bytes: the plan with the fewest copied bytes whose fused peak is at most this, else the "
+     "lowest (NOTE [peak target]); the pipeline's \"fits\" says which."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
      "aliases=(), fusible=None, epilogues=())\n--\n\n"

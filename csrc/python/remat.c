@@ -60,7 +60,8 @@ static int fill_gbuf(const mf_remat_result *r, mf_gbuf *out)
 }
 
 /* The pipeline's account: {"start", "steps": [{kind, splits, copied_bytes, peak_before,
- * peak_after}], "plans", "work", "max_work", "budget_hit"}. */
+ * peak_after}], "plans", "work", "max_work", "budget_hit", "fits"}; fits: a peak target was
+ * given and the plan's peak is at most it (NOTE [peak target]). */
 static PyObject *pipeline_dict(const mf_pipeline_result *r)
 {
     PyObject *steps = PyList_New(r->n_steps), *d;
@@ -78,9 +79,9 @@ static PyObject *pipeline_dict(const mf_pipeline_result *r)
         }
         PyList_SET_ITEM(steps, i, x);
     }
-    d = Py_BuildValue("{s:s,s:N,s:i,s:L,s:L,s:O}", "start", r->start ? r->start : "", "steps", steps, "plans",
+    d = Py_BuildValue("{s:s,s:N,s:i,s:L,s:L,s:O,s:O}", "start", r->start ? r->start : "", "steps", steps, "plans",
                       (int)r->n_plans, "work", (long long)r->work, "max_work", (long long)r->max_work, "budget_hit",
-                      r->budget_hit ? Py_True : Py_False);
+                      r->budget_hit ? Py_True : Py_False, "fits", r->fits ? Py_True : Py_False);
     return d;
 }
 
@@ -137,6 +138,7 @@ PyObject *mf_py_plan_with_recompute(mf_gbuf *b, const uint8_t *cheap, long long 
     opt.recompute_budget = budget > 0 ? (int64_t)budget : 0;
     opt.passes = passes;
     opt.max_work = pa->max_work;
+    opt.peak_target = pa->peak_target;
     mf_gbuf_desc(b, &desc);
     if ((st = mf_py_plan_pipeline(&ctx, &desc, &opt, &res)) != MF_OK)
         return mf_py_raise(&ctx, st);

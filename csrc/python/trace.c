@@ -3,7 +3,8 @@
  * regroup it.
  *
  * plan_trace(bsyms, records, *, tensor_type, max_states=None, fuse=True,
- *            freeable=None, comm_overlap=True, recompute=0, peak_allowance=0)
+ *            freeable=None, comm_overlap=True, recompute=0, peak_allowance=0,
+ *            peak_target=0)
  *
  * records[i] describes bsyms[i] (thunder_memfuse/_records.py collects them in
  * one pass; this file knows no Thunder symbol and calls nothing back):
@@ -395,14 +396,14 @@ static PyObject *kinds_of_groups(PyObject *plan, PyObject *groups)
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",    "records", "tensor_type",  "max_states", "fuse",
-                             "freeable", "comm_overlap", "recompute", "peak_allowance", NULL};
+                             "freeable", "comm_overlap", "recompute", "peak_allowance", "peak_target", NULL};
     PyObject *bsyms, *records, *tensor_type = NULL, *ms = Py_None, *freeable = Py_None;
     PyObject *seq = NULL, *rseq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL, *storages = NULL;
     PyObject *plan = NULL, *groups = NULL, *kinds = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, comm_overlap = 1, have_used = 0, st;
-    long long max_states = 0, recompute = 0, allowance = 0;
+    long long max_states = 0, recompute = 0, allowance = 0, target = 0;
     double t_read = 0, t_plan = 0, t_regroup = 0, t_end = 0;
-    PyObject *recompute_o = NULL, *allowance_o = NULL;
+    PyObject *recompute_o = NULL, *allowance_o = NULL, *target_o = NULL;
     const uint8_t *cheap = NULL;
     mf_graph_desc d;
     mf_ctx pc;
@@ -416,11 +417,12 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_py_ctx_init(&pc);
     mf_builder_init(&w.B, &pc);
     mf_gbuf_init(&used, &pc);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpOO:plan_trace", kwlist, &bsyms, &records, &tensor_type,
-                                     &ms, &fuse, &freeable, &comm_overlap, &recompute_o, &allowance_o))
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpOOO:plan_trace", kwlist, &bsyms, &records, &tensor_type,
+                                     &ms, &fuse, &freeable, &comm_overlap, &recompute_o, &allowance_o, &target_o))
         goto done;
     if (mf_py_count_arg(allowance_o, "plan_trace: peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
-        mf_py_count_arg(recompute_o, "plan_trace: recompute", "a budget in bytes", LLONG_MAX, &recompute) < 0)
+        mf_py_count_arg(recompute_o, "plan_trace: recompute", "a budget in bytes", LLONG_MAX, &recompute) < 0 ||
+        mf_py_count_arg(target_o, "plan_trace: peak_target", "a number of bytes", LLONG_MAX, &target) < 0)
         goto done;
     if (!tensor_type) {
         PyErr_SetString(PyExc_TypeError, "plan_trace: tensor_type is required");
@@ -494,6 +496,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     pa.fuse = fuse;
     pa.comm_overlap = comm_overlap;
     pa.peak_allowance = allowance;
+    pa.peak_target = target;
     t_plan = mf_py_mono_s();
     if (!(plan = mf_py_plan_with_recompute(&w.B.g, cheap, cheap ? recompute : 0, &pa, 0, &used)))
         goto done;
@@ -549,9 +552,9 @@ done:
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace($module, /, bsyms, records, *, tensor_type, max_states=None, fuse=True, freeable=None, "
-     "comm_overlap=True, recompute=0, peak_allowance=0)\n--\n\n"
+     "comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0)\n--\n\n"
      "Read a Thunder trace's bound symbols with one record each, plan them and regroup them; returns a "
-     "dict.  max_states and peak_allowance as in plan()."},
+     "dict.  max_states, peak_allowance and peak_target as in plan()."},
     {NULL, NULL, 0, NULL},
 };
 

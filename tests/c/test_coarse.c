@@ -95,13 +95,13 @@ static int check_graph(mf_gbuf *b, int t, int fusible, int *given, int *lower)
     mf_plan_result r0, r1;
     int32_t *order;
     int found = 0, st;
-    int64_t sim;
+    int64_t sim, states = 0;
     mf_gbuf_desc(b, &d);
     mf_ctx_init(&ctx, NULL);
     if (mf_graph_check(&ctx, &d) != MF_OK)
         return 0;
     order = (int32_t *)calloc((size_t)d.n_ops + 1, sizeof(int32_t));
-    st = mf_coarse_order(&ctx, &a, &d, 0, order, &found);
+    st = mf_coarse_order(&ctx, &a, &d, 0, &states, order, &found);
     CCHECK(st == MF_OK, "coarse %d: status %d: %s", t, st, ctx.err);
     if (found) {
         (*given)++;

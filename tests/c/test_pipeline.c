@@ -4,7 +4,9 @@
  * from test_core.c's main.  Random graphs with fusible and cheap ops go through mf_plan_pipeline:
  * the plan is a valid order of its graph whose simulated peak (with its groups) is the reported
  * one, never above the first plan; the kept steps chain and add up to the copies; a work budget of
- * one unit stops after the first plan.  The max flow's cut on a small graph is the known one, an
+ * one unit stops after the first plan; a peak target (NOTE [peak target]) gives the plan that
+ * fits with no more copies than the lowest plan, never a higher plan for a lower target, and the
+ * lowest plan where nothing fits.  The max flow's cut on a small graph is the known one, an
  * infinite path is an error.  Allocation failures leave nothing behind.
  */
 #include "mf_build.h"
@@ -124,6 +126,38 @@ static void inject_pipeline(const mf_graph_desc *d, const mf_pipeline_options *o
     printf("allocation failure injection (planning pipeline): %ld allocations, each failed once\n", total);
 }
 
+/* Targets from above the first plan to below the lowest on one graph (o: its pipeline options). */
+static void sweep_targets(const mf_graph_desc *d, mf_pipeline_options o, const mf_pipeline_result *lowest, int seed)
+{
+    int64_t hi = lowest->first_peak_bytes, lo = lowest->plan.peak_bytes, t, prev = -1;
+    int i;
+    for (i = 0; i <= 9; i++) {
+        mf_ctx ctx;
+        mf_pipeline_result r;
+        int64_t copied;
+        t = i == 0 ? hi + 1 : i == 9 ? lo - 1 : hi - (hi - lo) * (i - 1) / 7;
+        mf_ctx_init(&ctx, NULL);
+        o.peak_target = t;
+        if (mf_plan_pipeline(&ctx, d, &o, &r) != MF_OK) {
+            PCHECK(0, "seed %d target %lld: %s", seed, (long long)t, ctx.err);
+            continue;
+        }
+        copied = r.has_copies ? r.copies.copied_bytes : 0;
+        PCHECK(r.fits == (r.plan.peak_bytes <= t), "seed %d target %lld: fits %d, peak %lld", seed, (long long)t,
+               r.fits, (long long)r.plan.peak_bytes);
+        PCHECK(r.fits || r.plan.peak_bytes == lo, "seed %d target %lld: nothing fits but %lld is not the lowest %lld",
+               seed, (long long)t, (long long)r.plan.peak_bytes, (long long)lo);
+        PCHECK(t < hi || (!r.has_copies && r.n_plans == 1), "seed %d: the first plan fits but copies were made", seed);
+        PCHECK(t < lo || copied <= (lowest->has_copies ? lowest->copies.copied_bytes : 0),
+               "seed %d target %lld: more copies than the lowest plan's", seed, (long long)t);
+        PCHECK(prev < 0 || r.budget_hit || r.plan.peak_bytes <= prev,
+               "seed %d target %lld: peak %lld above the larger target's %lld", seed, (long long)t,
+               (long long)r.plan.peak_bytes, (long long)prev);
+        prev = r.plan.peak_bytes;
+        mf_pipeline_result_free(&ctx, &r);
+    }
+}
+
 static void test_random_pipelines(void)
 {
     int seed, with_copies = 0, injected = 0;
@@ -145,6 +179,7 @@ static void test_random_pipelines(void)
         PCHECK(mf_plan_pipeline(&ctx, &d, &o, &r) == MF_OK, "seed %d: %s", seed, ctx.err);
         check_result(&d, cheap, &r, seed);
         with_copies += r.has_copies;
+        sweep_targets(&d, o, &r, seed);
         o.max_work = 1;
         PCHECK(mf_plan_pipeline(&ctx, &d, &o, &cut) == MF_OK, "seed %d: %s", seed, ctx.err);
         PCHECK(cut.budget_hit && cut.n_plans == 1 && !cut.has_copies && cut.plan.peak_bytes == r.first_peak_bytes,
