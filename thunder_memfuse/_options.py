@@ -107,6 +107,23 @@ def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallb
     return kernels
 
 
+BYTES_MAX = 2**63 - 1  # the planner's int64
+
+
+def check_memory_budget(memory_budget):
+    """memory_budget: "auto" (the lowest plan) or a number of bytes, an int in [1, 2**63 - 1] (bools
+    are not ints here).  csrc/core/mf_pipeline.c NOTE [peak target] says what a budget does."""
+    if type(memory_budget) is str and memory_budget == "auto":
+        return memory_budget
+    if isinstance(memory_budget, int) and not isinstance(memory_budget, bool) and 1 <= memory_budget <= BYTES_MAX:
+        return int(memory_budget)
+    hint = ""
+    if isinstance(memory_budget, float) and memory_budget.is_integer() and 1 <= memory_budget <= BYTES_MAX:
+        hint = f" (an int: memory_budget={int(memory_budget)})"
+    raise ValueError(f"MemFuse: memory_budget must be 'auto' or a number of bytes, an int in [1, 2**63 - 1] "
+                     f"(2 * 2**30: 2 GiB), got {memory_budget!r}{hint}")
+
+
 def check_recompute(recompute):
     """recompute: "auto", True, False, or a share (a finite number in (0, MAX_SHARE]) of the bytes a
     trace's ops write."""

@@ -206,7 +206,7 @@ def collector_paused():
 
 
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_role=None,
-               comm_overlap=True, recompute=0, peak_allowance=0):
+               comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0):
     """Run the C trace reader and planner on a list of bound symbols.
 
     fusible(bsym): the region compiler's fusible level (default: the nvrtc
@@ -224,7 +224,9 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     NOTE [recomputation]; 0: none); _recompute.emit turns the result's copies
     into bound symbols.  peak_allowance: a fused peak up to this many bytes costs
     nothing, so the fewest regions within it are formed (csrc/core/mf_fuse.c NOTE
-    [peak allowance]; _step.py NOTE [the step's peak]).  The records are
+    [peak allowance]; _step.py NOTE [the step's peak]).  peak_target: 0, or the
+    bytes of MemFuse(memory_budget=...) (csrc/core/mf_pipeline.c NOTE [peak
+    target]).  The records are
     _records.py's (NOTE [op records])."""
     from ._records import records
 
@@ -247,6 +249,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
             comm_overlap=comm_overlap,
             recompute=int(recompute),
             peak_allowance=int(peak_allowance),
+            peak_target=int(peak_target),
         )
         res["stage_ms"]["reading"] += records_ms  # the op records are the reading's Python half
         return res

@@ -142,6 +142,16 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             [recomputation]), if that lowers the planned peak; the copies may write at most a
             share of what the trace's ops write (thunder_memfuse._recompute.DEFAULT_SHARE).  A
             float: that share instead.  False: never.
+        memory_budget: "auto" (default): each trace gets the lowest plan memfuse finds.  A number
+            of bytes: each trace gets, among the plans memfuse finds, the one with the least
+            recomputation (the fewest bytes its copies write) whose planned peak is at most
+            that (csrc/core/mf_pipeline.c NOTE [peak target]); so a generous budget buys speed
+            (fewer ops run twice), and a smaller budget never gives a higher plan.  The planned
+            peak is the one report() gives: a trace's live bytes above what the caller holds
+            (parameters, the batch, optimizer state), a backward's saved activations included;
+            a training step fits where its forward and backward both do.  Where no plan fits,
+            the lowest one, with a MemFuseWarning that names the shortfall.  The copies stay
+            within what `recompute` allows.
 
     The instance holds these options only.  What it learns about a compilation
     is stored on that compilation's compile data (the forward's saved
@@ -153,7 +163,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
     def __init__(self, *, max_states: int | None = None, strict: bool = False, backend: str = "auto",
                  fuse: bool | str = "auto", replace_fusion: bool | str = "auto", kernels: str = "auto",
                  comm_overlap: bool = True, recompute: bool | str | float = "auto",
-                 _fallback_regions: bool = False):
+                 memory_budget: int | str = "auto", _fallback_regions: bool = False):
         super().__init__()
         # _fallback_regions (tests only): form regions with kernels="fallback" and run them op by op
         self.kernels = _options.check_options(kernels=kernels, backend=backend, fuse=fuse,
@@ -165,11 +175,13 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         self.replace_fusion = replace_fusion
         self.comm_overlap = comm_overlap
         self.recompute = _options.check_recompute(recompute)
+        self.memory_budget = _options.check_memory_budget(memory_budget)
 
     def __repr__(self):
         return (f"MemFuse(max_states={self.max_states!r}, strict={self.strict!r}, "
                 f"fuse={self.fuse!r}, replace_fusion={self.replace_fusion!r}, kernels={self.kernels!r}, "
-                f"comm_overlap={self.comm_overlap!r}, recompute={self.recompute!r})")
+                f"comm_overlap={self.comm_overlap!r}, recompute={self.recompute!r}, "
+                f"memory_budget={self.memory_budget!r})")
 
     # Thunder's hooks ----------------------------------------------------------------
     @_instance_only
@@ -261,6 +273,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             _carry_saved(None)
         forward = _step.take_forward(get_compile_data())
         new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable)
+        _warn_over_budget(trace, new_trace._memfuse_info.get("memory_budget"))
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             _step.keep_forward(get_compile_data(), trace, new_trace)
         elif is_backward and forward is not None:
@@ -289,7 +302,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                                   epilogue_role=comp.epilogue_role,
                                   comm_overlap=self.comm_overlap,
                                   recompute=_recompute.budget_bytes(bsyms, recompute),
-                                  peak_allowance=peak_allowance)
+                                  peak_allowance=peak_allowance, peak_target=self._peak_target())
         stage_ms = dict(res["stage_ms"])
         t = time.perf_counter_ns()
         res = _recompute.emit(res, trace)
@@ -338,8 +351,33 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             "reorder_only": reorder_only,
             "recompute": res.get("recompute"),
             "peak_allowance": peak_allowance or None,
+            "memory_budget": self._budget_info(plan, res.get("recompute")),
         }
         return new_trace
+
+    def _peak_target(self) -> int:
+        """The planner's peak target: memory_budget's bytes, 0 for "auto" (NOTE [peak target])."""
+        return 0 if self.memory_budget == "auto" else self.memory_budget
+
+    def _budget_info(self, plan, rc):
+        """report()'s memory_budget of a trace: None for "auto", else the budget, whether the plan
+        fits it, the planned peak and the bytes the copies write again."""
+        if self.memory_budget == "auto":
+            return None
+        return {"bytes": self.memory_budget, "fits": plan["peak_bytes"] <= self.memory_budget,
+                "planned_peak_bytes": plan["peak_bytes"], "copied_bytes": rc["copied_bytes"] if rc else 0}
+
+
+def _warn_over_budget(trace, budget) -> None:
+    """A MemFuseWarning where a trace's lowest plan is above MemFuse(memory_budget=...)."""
+    if budget is None or budget["fits"]:
+        return
+    mib = 1 << 20
+    short = budget["planned_peak_bytes"] - budget["bytes"]
+    _warn(f"MemFuse(memory_budget={budget['bytes']}): no plan of trace {_trace_name(trace)!r} fits; its lowest "
+          f"peaks at {budget['planned_peak_bytes'] / mib:.2f} MiB, {short / mib:.2f} MiB ({short} bytes) above the "
+          f"budget of {budget['bytes'] / mib:.2f} MiB; that plan is used (a larger recompute= share may let "
+          f"more ops run twice)")
 
 
 def _one_memfuse(cd) -> None:

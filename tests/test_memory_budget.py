@@ -1,0 +1,80 @@
+"""MemFuse(memory_budget=...) (csrc/core/mf_pipeline.c NOTE [peak target]): each trace gets the plan
+with the least recomputation whose planned peak fits the budget; a smaller budget never gives a higher
+plan or a higher measured peak; where nothing fits, the lowest plan and a warning that names the
+shortfall; the numbers are plain Thunder's under every budget; report() and format_report say it."""
+import warnings
+
+import pytest
+import torch
+import thunder
+
+import thunder_memfuse as tm
+from thunder_memfuse import MemFuse
+from thunder_memfuse.errors import MemFuseWarning
+from thunder_memfuse.measure import cpu_peak_bytes
+
+from models import checkpointed_mlp, module_step
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**63, True, False, 1.5, 1e6, "1GiB", None, [1]])
+def test_memory_budget_values_are_checked(bad):
+    with pytest.raises(ValueError, match="memory_budget") as e:
+        MemFuse(memory_budget=bad)
+    if bad == 1e6:
+        assert "memory_budget=1000000" in str(e.value)  # a float that is a whole number: the int named
+
+
+def test_memory_budget_values_that_are_accepted():
+    assert MemFuse().memory_budget == "auto"
+    assert MemFuse(memory_budget=1).memory_budget == 1
+    assert MemFuse(memory_budget=2**63 - 1).memory_budget == 2**63 - 1
+    assert "memory_budget=4096" in repr(MemFuse(memory_budget=4096))
+
+
+def _run(budget, model, x):
+    step = module_step(model, x)
+    jm = thunder.jit(model, transforms=[MemFuse(strict=True, memory_budget=budget)])
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        got = step(jm)
+    rep = tm.report(jm)
+    peak, _ = cpu_peak_bytes(lambda: step(jm))
+    return got, rep, peak, [str(w.message) for w in ws if issubclass(w.category, MemFuseWarning)]
+
+
+def test_a_budget_buys_the_least_recomputation_that_fits_and_never_a_higher_peak():
+    model = checkpointed_mlp()
+    x = torch.randn(256, 64)
+    ref = module_step(model, x)(thunder.jit(model))
+    got, auto, auto_peak, ws = _run("auto", model, x)
+    bw = auto["backward"]
+    assert bw["memory_budget"] is None and not ws
+    rc = bw["recompute"]
+    assert rc and rc["copied_bytes"] > 0  # memfuse planned copies: the budget has something to give up
+    hi, lo = rc["peak_without_bytes"], rc["peak_bytes"]
+    assert hi > lo
+    fw_peak = auto["forward"]["peak_after_bytes"]
+    budgets = sorted({max(hi, fw_peak), hi, (hi + lo) // 2, lo, lo - 1}, reverse=True)
+    prev_plan = prev_measured = None
+    for b in budgets:
+        got, rep, measured, ws = _run(b, model, x)
+        for a, r in zip(ref, got):  # the same numbers as plain Thunder under every budget
+            assert torch.equal(a, r), b
+        mb = rep["backward"]["memory_budget"]
+        assert mb["bytes"] == b and mb["planned_peak_bytes"] == rep["backward"]["peak_after_bytes"]
+        assert mb["fits"] == (mb["planned_peak_bytes"] <= b)
+        copied = (rep["backward"]["recompute"] or {}).get("copied_bytes", 0)
+        assert mb["copied_bytes"] == copied
+        if b >= hi:  # the plan without copies fits: nothing is recomputed
+            assert copied == 0 and mb["fits"] and mb["planned_peak_bytes"] == hi
+        if b >= lo:
+            assert mb["fits"] and copied <= rc["copied_bytes"] and not ws
+        else:  # nothing fits: the lowest plan, and a warning naming the shortfall
+            assert not mb["fits"] and mb["planned_peak_bytes"] == lo and copied == rc["copied_bytes"]
+            assert len(ws) == 1 and f"memory_budget={b}" in ws[0] and f"({lo - b} bytes) above" in ws[0]
+            assert "no plan fits" in tm.format_report(rep)
+        assert "memory budget" in tm.format_report(rep)
+        if prev_plan is not None:
+            assert mb["planned_peak_bytes"] <= prev_plan and measured <= prev_measured, (b, budgets)
+        prev_plan, prev_measured = mb["planned_peak_bytes"], measured
+    assert prev_measured == auto_peak  # below every plan: the lowest, as "auto" plans it
