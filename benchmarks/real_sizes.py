@@ -7,11 +7,18 @@ Workloads (issue 33's):
   GELU MLP), d 256, 4 heads, 2 layers, batch 2 x 1024 (2048) tokens.
 - llama1024: the Llama-style decoder of benchmarks/workloads.py, n_embd 1024, 8 heads, 2 layers, seq 512,
   batch 2.
-Variants: eager; torch.compile (default, and with torch._functorch.config.activation_memory_budget 0.5);
-thunder (thunder.jit); tc (executors=["torchcompile"]); memfuse (transforms=[memfuse]); tc+memfuse.
+Variants: eager; torch.compile (compile; compile-ambX: with torch._functorch.config.activation_memory_budget
+X, e.g. compile-amb0.5); thunder (thunder.jit); tc (executors=["torchcompile"]); memfuse (transforms=[memfuse]);
+tc+memfuse; tc+memfuse@M: the same with MemFuse(memory_budget=M MiB).
 Per row: the measured peak of the second step (torch.profiler's CPU allocations above what is live at
 the call), the median step time of the next rounds, the loss and its difference from eager's (every
 variant starts from the same weights).  Configs: plain, ckpt (torch.utils.checkpoint around each block).
+
+    python benchmarks/real_sizes.py --budgets 1.0,0.5,0.2 [--only ...] [--configs ...]
+
+runs, per workload and config, torch.compile at each activation_memory_budget, then torchcompile +
+memfuse with memory_budget set to each of those measured peaks (and "auto"), and prints them side by
+side: the peak and step time memfuse reaches within the peak torch.compile reached.
 """
 from __future__ import annotations
 
@@ -87,19 +94,20 @@ def compiled(model, variant):
     if variant == "eager":
         return model
     if variant.startswith("compile"):
-        if variant == "compile-amb0.5":
+        if variant.startswith("compile-amb"):
             from torch._functorch import config as functorch_config
 
-            functorch_config.activation_memory_budget = 0.5
+            functorch_config.activation_memory_budget = float(variant[len("compile-amb"):])
         return torch.compile(model)
     import thunder
-    from thunder_memfuse import memfuse
+    from thunder_memfuse import MemFuse, memfuse
 
     kw = {}
-    if variant in ("tc", "tc+memfuse"):
+    base, _, budget = variant.partition("@")
+    if base in ("tc", "tc+memfuse"):
         kw["executors"] = ["torchcompile"]
-    if variant.endswith("memfuse"):
-        kw["transforms"] = [memfuse]
+    if base.endswith("memfuse"):
+        kw["transforms"] = [MemFuse(memory_budget=int(float(budget) * MIB)) if budget else memfuse]
     return thunder.jit(model, **kw)
 
 
@@ -135,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--configs", default="plain,ckpt")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budgets", help="activation_memory_budget values: torch.compile at each, then torchcompile + "
+                                          "memfuse with memory_budget at each of those peaks")
     ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "CONFIG", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
@@ -146,22 +156,56 @@ def main(argv=None):
     for name in a.only.split(","):
         for cfg in a.configs.split(","):
             print(f"\n{name} {cfg}")
+            if a.budgets:
+                _budget_sweep(a, name, cfg)
+                continue
             eager_loss = None
             for variant in a.variants.split(","):
-                p = subprocess.run([sys.executable, __file__, "--rounds", str(a.rounds), "--one", name, cfg, variant],
-                                   capture_output=True, text=True)
-                line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-                if line is None:
-                    err = (p.stderr.strip().splitlines() or ["?"])[-1]
-                    print(f"  {variant:15s} failed: {err[:150]}", flush=True)
-                    continue
-                r = json.loads(line[7:])
-                if variant == "eager":
+                r = _run(a, name, cfg, variant)
+                if r and variant == "eager":
                     eager_loss = r["loss"]
-                d = "" if eager_loss is None else f"  dloss {abs(r['loss'] - eager_loss):.1e}"
-                print(f"  {variant:15s} peak {r['peak_mib']:8.1f}  step {r['step_ms']:8.0f} ms  "
-                      f"first {r['first_s']:6.1f} s{d}", flush=True)
+                _row(variant, r, eager_loss)
     return 0
+
+
+def _run(a, name, cfg, variant):
+    """One variant in a process of its own: its result dict, or None (the error printed)."""
+    p = subprocess.run([sys.executable, __file__, "--rounds", str(a.rounds), "--one", name, cfg, variant],
+                       capture_output=True, text=True)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        err = (p.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"  {variant:22s} failed: {err[:150]}", flush=True)
+        return None
+    return json.loads(line[7:])
+
+
+def _row(variant, r, ref_loss):
+    if r is None:
+        return
+    d = "" if ref_loss is None else f"  dloss {abs(r['loss'] - ref_loss):.1e}"
+    print(f"  {variant:22s} peak {r['peak_mib']:8.1f}  step {r['step_ms']:8.0f} ms  first {r['first_s']:6.1f} s{d}",
+          flush=True)
+
+
+def _budget_sweep(a, name, cfg):
+    """torch.compile at each activation_memory_budget; torchcompile + memfuse within each peak it reached."""
+    peers = []
+    for amb in a.budgets.split(","):
+        r = _run(a, name, cfg, f"compile-amb{amb}")
+        _row(f"compile-amb{amb}", r, None)
+        if r:
+            peers.append((amb, r))
+    ref = peers[0][1]["loss"] if peers else None
+    auto = _run(a, name, cfg, "tc+memfuse")
+    _row("tc+memfuse (auto)", auto, ref)
+    for amb, r in peers:
+        v = f"tc+memfuse@{r['peak_mib']:.1f}"
+        m = _run(a, name, cfg, v)
+        _row(v, m, ref)
+        if m:
+            print(f"    vs compile-amb{amb}: peak {m['peak_mib'] / r['peak_mib']:.2f}x, "
+                  f"step {m['step_ms'] / r['step_ms']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
