@@ -29,7 +29,7 @@ def main(argv=None):
     import thunder
 
     import thunder_memfuse as tm
-    import thunder_memfuse.attention as att
+    import thunder_memfuse.integration.attention as att
     import workloads
 
     add_to = att.add_to

@@ -57,7 +57,7 @@ def memfuse_kernel_values():
             return []
     except (TypeError, ValueError):
         return []
-    import thunder_memfuse.transform as T
+    import thunder_memfuse.integration.transform as T
 
     listed = getattr(T, "KERNELS", None) or getattr(T, "_KERNELS", None)
     out = []

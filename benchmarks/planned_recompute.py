@@ -12,7 +12,7 @@ largest storages live at the planned peak.  Planned peaks depend on the trace on
 not on the machine's load; the pass's time does.
 
 --shares: the budget's effect instead.  The backward's bound symbols are caught on their way into
-_thunder.plan_trace during that step and planned again with each share of the bytes its ops write
+integration._planning.plan_trace during that step and planned again with each share of the bytes its ops write
 (MemFuse(recompute=share) gives that budget; the default is _recompute.DEFAULT_SHARE): the planned
 peak, the bytes the copies write, the splits and the groups (regions and single ops) of each plan.
 """
@@ -39,7 +39,7 @@ def main(argv=None):
 
     import workloads
     from thunder_memfuse import MemFuse, report
-    from thunder_memfuse import _report
+    from thunder_memfuse.reports import _report
 
     if args.live:  # report() lists the five largest; a longer list when asked
         top = _report._largest_live_at_peak
@@ -70,7 +70,7 @@ def shares(args):
     import time
 
     import workloads
-    from thunder_memfuse import _recompute
+    from thunder_memfuse.integration import _recompute
 
     ex = {"executors": ["torchcompile"]} if args.torchcompile else {}
     print("| workload | budget share | planned backward peak MiB | copies write MiB | splits | groups | plan ms |")

@@ -15,7 +15,7 @@ quarter of the bytes the ops write, _recompute.DEFAULT_SHARE).
 
 --trace: the real thing.  One step of benchmarks/workloads.py's nanoGPT with checkpoint=True under
 MemFuse() (plain thunder.jit, CPU); the backward's bound symbols are caught on their way into
-_thunder.plan_trace and planned again here, with recompute=0 and with the budget MemFuse gave them.
+integration._planning.plan_trace and planned again here, with recompute=0 and with the budget MemFuse gave them.
 That time includes reading the trace (csrc/python/trace.c), not only the core.
 
 Prints a markdown table; asserts nothing about time.
@@ -144,7 +144,7 @@ def checkpointed_backward_graph(layers=16, batch=4, seq=128, dim=256, heads=4):
 
 def default_budget(spec, share=None):
     """_recompute.budget_bytes's rule on a plain graph: a share of the bytes the ops write."""
-    from thunder_memfuse import _recompute
+    from thunder_memfuse.integration import _recompute
 
     share = _recompute.DEFAULT_SHARE if share is None else share
     views = {v for v, _ in spec["aliases"]}

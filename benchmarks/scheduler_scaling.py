@@ -14,7 +14,7 @@ import statistics
 import time
 
 import thunder_memfuse as tm
-from thunder_memfuse.seed import seed_graph_spec
+from seed import seed_graph_spec
 
 MIB = float(1 << 20)
 

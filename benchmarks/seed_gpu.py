@@ -1,4 +1,4 @@
-"""The seed case (thunder_memfuse/seed.py, Thunder issue #1337) on a GPU: peak memory and time per call.
+"""The seed case (benchmarks/seed.py, Thunder issue #1337) on a GPU: peak memory and time per call.
 
     python benchmarks/seed_gpu.py [--out report.json] [--paths 10] [--size 256] [--iters 20]
 
@@ -26,9 +26,9 @@ import traceback
 MIB = 1024 * 1024
 
 
-# the seed functions themselves live in one place: thunder_memfuse/seed.py
+# the seed functions themselves live in one place: benchmarks/seed.py (the seed job), beside this file
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func  # noqa: E402
+from seed import memory_peak_efficient_func, memory_peak_inefficient_func  # noqa: E402
 
 FUNCS = {"efficient": memory_peak_efficient_func, "inefficient": memory_peak_inefficient_func}
 

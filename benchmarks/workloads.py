@@ -209,22 +209,23 @@ def gpt2(batch=4, seq=128, dim=256, layers=4, heads=4, vocab=1024, checkpoint=Fa
 
 def backward_plan_call(w, **jit_kwargs):
     """One step of workload w under thunder.jit(w.fn, transforms=[MemFuse()], **jit_kwargs), with the
-    backward's call of thunder_memfuse._thunder.plan_trace caught on its way in: (its bound symbols,
+    backward's call of thunder_memfuse.integration._planning.plan_trace caught on its way in: (its bound symbols,
     its keyword arguments, the real plan_trace), to plan that backward again."""
     import thunder
-    from thunder_memfuse import MemFuse, _thunder
+    from thunder_memfuse import MemFuse
+    from thunder_memfuse.integration import _planning
 
-    calls, orig = [], _thunder.plan_trace
+    calls, orig = [], _planning.plan_trace
 
     def spy(bsyms, **kw):
         calls.append((list(bsyms), dict(kw)))
         return orig(bsyms, **kw)
 
-    _thunder.plan_trace = spy
+    _planning.plan_trace = spy
     try:
         w.step(thunder.jit(w.fn, transforms=[MemFuse()], **jit_kwargs))()
     finally:
-        _thunder.plan_trace = orig
+        _planning.plan_trace = orig
     # the backward's is the last call planned without an allowance: the forward is planned again after
     # it, within the backward's peak (thunder_memfuse/_step.py NOTE [the step's peak])
     bsyms, kw = [c for c in calls if not c[1].get("peak_allowance")][-1]
@@ -232,7 +233,7 @@ def backward_plan_call(w, **jit_kwargs):
 
 
 def seed_workloads(paths=10, size=256, seed=0):
-    from thunder_memfuse.seed import FUNCTIONS
+    from seed import FUNCTIONS
 
     torch.manual_seed(seed)
     t0s = [torch.randn(size, size) for _ in range(paths)]

@@ -8,4 +8,4 @@ for arg in "$@"; do
     case "$arg" in --plot|--plot=*) extra=plot ;; esac
 done
 bash scripts/setup.sh $extra
-.venv/bin/python -m thunder_memfuse.seed "$@"
+.venv/bin/python benchmarks/seed.py "$@"

@@ -241,7 +241,7 @@ def _flat(trace):
 
 def backward_writes_its_inputs(trace):
     """Names of the backward's inputs (unpacked, not made by an op) whose storage an op writes."""
-    from thunder_memfuse.fusion_pass import written_storages
+    from thunder_memfuse.integration.fusion_pass import written_storages
 
     ops = _flat(trace)
     find, written = written_storages(ops)
@@ -258,7 +258,7 @@ def _signature(b):
 def _recompute_outcome(planned, traces) -> Outcome:
     """ok with "copied=K writes=W" (ops memfuse copied, in-place writes in the trace), or a mismatch
     when a copied op reads or makes a storage something writes in place."""
-    from thunder_memfuse.fusion_pass import pinned_ops
+    from thunder_memfuse.integration.fusion_pass import pinned_ops
 
     given = traces[traces.index(planned) - 1] if planned in traces and traces.index(planned) > 0 else None
     ops = _flat(planned)
@@ -270,7 +270,7 @@ def _recompute_outcome(planned, traces) -> Outcome:
     if bad:
         return Outcome("mismatch", f"ops copied next to a write of their storage: {bad}")
     info = planned._memfuse_info.get("recompute") or {}
-    from thunder_memfuse.fusion_pass import _writes
+    from thunder_memfuse.integration.fusion_pass import _writes
 
     return Outcome("ok", f"copied={info.get('copied_ops', 0)} writes={len(_writes(ops))}")
 

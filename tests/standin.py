@@ -17,8 +17,9 @@ from thunder.core.trace import TraceTag, from_trace
 from thunder.core.transform_common import Transform
 from thunder.executors.data_dependent_partition import fuse_bound_symbols
 
-from thunder_memfuse import _thunder, regions
-from thunder_memfuse.transform import regroup_trace
+from thunder_memfuse import _symbols, regions
+from thunder_memfuse.integration import _planning
+from thunder_memfuse.integration.transform import regroup_trace
 
 
 class ElementwiseFusion(Transform):
@@ -26,9 +27,9 @@ class ElementwiseFusion(Transform):
 
     def transform_trace_post_optimization(self, trace, **kwargs):
         is_backward = TraceTag.BACKWARD in trace.tags
-        fusible = _thunder._fusible_predicate()
+        fusible = _planning._fusible_predicate()
         stripped = from_trace(trace)
-        stripped.bound_symbols = [b for b in trace.bound_symbols if b.sym.id not in _thunder.DROP_IDS]
+        stripped.bound_symbols = [b for b in trace.bound_symbols if b.sym.id not in _symbols.DROP_IDS]
 
         def can_fuse(node):
             return len(node.group_bsyms) > 1 or fusible(node.group_bsyms[0])

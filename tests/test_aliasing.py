@@ -9,7 +9,7 @@ import torch
 import thunder
 
 from thunder_memfuse import MemFuse, MemFuseWarning
-from thunder_memfuse import _aliases
+from thunder_memfuse.integration import _aliases
 from thunder_memfuse.regions import torchcompile as tc
 
 needs_compiler = pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")

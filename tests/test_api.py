@@ -21,7 +21,7 @@ def test_error_and_warning_categories():
     assert issubclass(tm.MemFuseError, RuntimeError)
     assert issubclass(tm.KernelCompileError, tm.MemFuseError)  # the C binding's error shares the base
     assert tm.MemFuseError is tm._C.MemFuseError
-    from thunder_memfuse import transform
+    from thunder_memfuse.integration import transform
 
     assert transform.MemFuseError is tm.MemFuseError  # one error type, whichever module raises it
     assert issubclass(tm.MemFuseWarning, RuntimeWarning)
@@ -29,12 +29,12 @@ def test_error_and_warning_categories():
 
 
 def _broken_planner(monkeypatch):
-    from thunder_memfuse import _thunder
+    from thunder_memfuse.integration import _planning
 
     def broken(*a, **k):
         raise ValueError("injected")
 
-    monkeypatch.setattr(_thunder, "plan_trace", broken)
+    monkeypatch.setattr(_planning, "plan_trace", broken)
 
 
 def test_fallback_warning_points_at_the_callers_line(monkeypatch):
@@ -161,7 +161,7 @@ def test_compat_pth_is_silent_without_its_module():
 
 def test_seed_job_draws_its_comparison(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from thunder_memfuse import seed
+    from benchmarks import seed
 
     assert seed.main(["--paths", "2", "--size", "16", "--plot", str(tmp_path / "seed.png")]) == 0
     for fname in ("efficient", "inefficient"):

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 import thunder
 
-from thunder_memfuse import MemFuse, attention
+from thunder_memfuse import MemFuse
+from thunder_memfuse.integration import attention
 from thunder_memfuse.regions import torchcompile as tc
 
 B, H, T, E = 2, 4, 48, 16

@@ -2,7 +2,7 @@
 import gc
 
 import thunder_memfuse as tm
-from thunder_memfuse.seed import seed_graph_spec
+from benchmarks.seed import seed_graph_spec
 
 
 def _rss():
@@ -45,7 +45,7 @@ def test_errors_do_not_leak():
 def test_plan_trace_does_not_leak():
     import torch
     import thunder
-    from thunder_memfuse import _thunder
+    from thunder_memfuse.integration import _planning
 
     def f(x, y):
         return (torch.sin(x) * y + 1).relu() @ y
@@ -53,7 +53,7 @@ def test_plan_trace_does_not_leak():
     jf = thunder.jit(f)
     jf(torch.randn(8, 8), torch.randn(8, 8))
     bsyms = list(thunder.last_traces(jf)[-1].bound_symbols)
-    assert _growth(lambda: _thunder.plan_trace(bsyms), 3000) < 1 << 20
+    assert _growth(lambda: _planning.plan_trace(bsyms), 3000) < 1 << 20
 
 
 def test_recomputation_passes_do_not_leak():

@@ -86,7 +86,7 @@ def test_thunder_distributed_symbols_are_classified():
     from thunder.core.proxies import FutureTensorProxy, TensorProxy
     from thunder.core.trace import TraceCtx, tracectx
     from thunder.distributed import prims as dprims
-    from thunder_memfuse import _C, _thunder
+    from thunder_memfuse import _C, _symbols
 
     with tracectx(TraceCtx()):
         a = TensorProxy(shape=(4, 4), device=devices.cpu, dtype=dtypes.float32)
@@ -96,7 +96,7 @@ def test_thunder_distributed_symbols_are_classified():
         issue_in_place = dprims.all_reduce.bind(a, dprims.DistributedReduceOps.SUM, None, True, True, output=fut)
         wait = dprims.wait.bind(fut, output=out)
         sync = dprims.pack.bind([a], "bucket", output=out)
-    assert _thunder.comm_kind(issue) == "issue" and _thunder.effects(issue) == _C.EFF_COMM
-    assert _thunder.effects(issue_in_place) == _C.EFF_COMM | _C.EFF_WRITES
-    assert _thunder.comm_kind(wait) == "wait" and _thunder.effects(wait) == _C.EFF_WAIT
-    assert _thunder.comm_kind(sync) is None and _thunder.effects(sync) & _C.EFF_ORDERED  # pack: blocking, ordered
+    assert _symbols.comm_kind(issue) == "issue" and _symbols.effects(issue) == _C.EFF_COMM
+    assert _symbols.effects(issue_in_place) == _C.EFF_COMM | _C.EFF_WRITES
+    assert _symbols.comm_kind(wait) == "wait" and _symbols.effects(wait) == _C.EFF_WAIT
+    assert _symbols.comm_kind(sync) is None and _symbols.effects(sync) & _C.EFF_ORDERED  # pack: blocking, ordered

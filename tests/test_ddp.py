@@ -59,13 +59,13 @@ class MLP(torch.nn.Module):
 def _ops(trace):
     """The trace's ops, as memfuse counts them (no prologue, dels, comments, return)."""
     from thunder.core.prims import PrimIDs
-    from thunder_memfuse import _thunder
+    from thunder_memfuse import _symbols
 
     out = []
     for b in trace.bound_symbols:
-        if b.sym.id in _thunder.DROP_IDS or b.sym.id in _thunder.RETURN_IDS:
+        if b.sym.id in _symbols.DROP_IDS or b.sym.id in _symbols.RETURN_IDS:
             continue
-        if not out and b.sym.id in _thunder.PROLOGUE_IDS:
+        if not out and b.sym.id in _symbols.PROLOGUE_IDS:
             continue
         if getattr(b.sym, "is_fusion", False):
             out.extend(b.subsymbols)
@@ -77,7 +77,7 @@ def _ops(trace):
 
 def _collectives(trace):
     """[(position among ops, symbol name, result name)] of the async collectives, in trace order."""
-    from thunder_memfuse._thunder import comm_kind
+    from thunder_memfuse._symbols import comm_kind
 
     return [(i, b.sym.name, b.flat_proxy_outs[0].name) for i, b in enumerate(_ops(trace)) if comm_kind(b) == "issue"]
 

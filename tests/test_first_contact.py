@@ -174,7 +174,7 @@ def test_a_warning_filter_matches_the_users_line_and_module():
 def test_seed_on_cuda_without_cuda_says_so(monkeypatch, capsys, build, said):
     import torch
 
-    from thunder_memfuse import seed
+    from benchmarks import seed
 
     monkeypatch.setattr(torch.version, "cuda", build)
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
@@ -193,7 +193,7 @@ def _seed_jit(**kw):
     import thunder
     import torch
 
-    from thunder_memfuse.seed import memory_peak_inefficient_func
+    from benchmarks.seed import memory_peak_inefficient_func
 
     torch.manual_seed(0)
     t0s, a = [torch.randn(32, 32) for _ in range(4)], torch.randn(32, 32)
@@ -347,7 +347,7 @@ def test_savings_peers_and_progress(monkeypatch, capsys):
 
 
 def test_progress_follows_the_argument_then_the_environment(monkeypatch):
-    from thunder_memfuse import _progress
+    from thunder_memfuse.reports import _progress
 
     monkeypatch.setenv(_progress.ENV, "1")
     assert _progress.enabled(None) is True and _progress.enabled(False) is False
@@ -384,7 +384,7 @@ def test_savings_command_line_progress_and_peers_flags(tmp_path):
 def test_the_seed_job_says_what_it_compiles(monkeypatch, capsys):
     import torch
 
-    from thunder_memfuse import seed
+    from benchmarks import seed
 
     monkeypatch.setattr(torch, "compile", lambda fn: fn)  # the eager stand-in keeps the test short
     assert seed.main(["--paths", "2", "--size", "16", "--progress"]) == 0

@@ -38,7 +38,7 @@ def test_random_programs_match_plain_thunder_with_torchcompile():
 
 def test_the_fuzzer_sees_a_pass_that_does_nothing(monkeypatch):
     """A memfuse that silently returned every trace unchanged would be reported as unplanned."""
-    from thunder_memfuse import transform
+    from thunder_memfuse.integration import transform
 
     p = next(p for p in map(fp.make_program, range(100)) if fp.check(p).status == "ok")
     monkeypatch.setattr(transform.MemFuse, "_transform", lambda self, trace: trace)

@@ -14,7 +14,7 @@ from torch import nn
 
 import fuzz_stateful
 from thunder_memfuse import MemFuse, MemFuseWarning
-from thunder_memfuse import fusion_pass
+from thunder_memfuse.integration import fusion_pass
 from thunder_memfuse.regions import torchcompile as tc
 
 pytestmark = pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")

@@ -8,7 +8,7 @@ import thunder
 import thunder_memfuse as tm
 from thunder_memfuse import MemFuse, memfuse
 from thunder_memfuse.measure import cpu_peak_bytes, trace_peak_bytes
-from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func
+from benchmarks.seed import memory_peak_efficient_func, memory_peak_inefficient_func
 
 from models import checkpointed, grads_of, seed_inputs
 from standin import ElementwiseFusion
@@ -225,12 +225,12 @@ class _Boom(Exception):
 
 
 def test_internal_failure_warns_and_keeps_trace(monkeypatch):
-    from thunder_memfuse import _thunder
+    from thunder_memfuse.integration import _planning
 
     def broken(*a, **k):
         raise _Boom("injected")
 
-    monkeypatch.setattr(_thunder, "plan_trace", broken)
+    monkeypatch.setattr(_planning, "plan_trace", broken)
     x = torch.randn(4)
     with pytest.warns(RuntimeWarning, match="injected"):
         out = thunder.jit(lambda t: t.sin() + 1, transforms=[MemFuse()])(x)
@@ -354,7 +354,8 @@ def test_replace_fusion_keeps_narrow_executors_and_can_be_turned_off(monkeypatch
 def test_gemm_regions_map_arguments_and_fall_back(monkeypatch):
     """NOTE [gemm regions]: the cuBLAS path gets matmul/linear arguments in the bound
     symbol's order whatever the region's input order; CPU tensors use the fallback."""
-    from thunder_memfuse import executor, regions
+    from thunder_memfuse import regions
+    from thunder_memfuse.integration import executor
     from thunder_memfuse.regions import nvrtc
 
     def f(w, x, b):
@@ -383,7 +384,8 @@ def test_region_kernel_failures_fall_back(monkeypatch):
     """executor.make_region_callable: a kernel that fails on its first call (NVRTC, module
     load, launch) sends the region to the fallback for good; a later failure only that call;
     NotImplementedError (nvrtc: a case its kernels do not cover) only that call, silently."""
-    from thunder_memfuse import executor, regions
+    from thunder_memfuse import regions
+    from thunder_memfuse.integration import executor
     from thunder_memfuse.regions import nvrtc
 
     x = torch.randn(5)
@@ -462,7 +464,7 @@ def test_epilogue_regions_gemm_relu(monkeypatch):
     """regions/nvrtc NOTE [epilogue regions]: with regions on, a matmul/linear whose result only
     a ReLU reads becomes one region [gemm, relu]; it runs on the fallback on CPU, and its
     kernel path hands the GEMM's arguments, in the bound symbol's order, to the cuBLASLt call."""
-    from thunder_memfuse import executor
+    from thunder_memfuse.integration import executor
     from thunder_memfuse.regions import nvrtc
 
     def f(x, w, b, a):
@@ -543,7 +545,8 @@ def _arg_name(bsym, proxy):
 def test_backward_frees_saved_activations_not_parameters():
     """trace.c NOTE [freeable saved tensors]: the backward's saved activations are
     counted from its start and freed after their last use; parameters are inputs."""
-    from thunder_memfuse import _thunder
+    from thunder_memfuse import _symbols
+    from thunder_memfuse.integration import _planning
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64), torch.nn.Tanh())
@@ -551,8 +554,8 @@ def test_backward_frees_saved_activations_not_parameters():
     x = torch.randn(32, 64)
     jm(x).sum().backward()
     fwd = next(t for t in thunder.last_traces(jm) if _is_augmented(t))
-    saved = frozenset(_thunder.saved_storages(fwd))
-    params = {p.name for b in fwd.bound_symbols if b.sym.id in _thunder.PROLOGUE_IDS for p in b.flat_proxy_outs}
+    saved = frozenset(_planning.saved_storages(fwd))
+    params = {p.name for b in fwd.bound_symbols if b.sym.id in _symbols.PROLOGUE_IDS for p in b.flat_proxy_outs}
     assert saved and not (saved & params)
     info = thunder.last_backward_traces(jm)[-1]._memfuse_info
     names = info["names"]
@@ -563,7 +566,7 @@ def test_backward_frees_saved_activations_not_parameters():
     # (freed after their last use too) and the roots of storages that no saved name is
     first = info["graph"]["ops"][0]
     made = {names[v] for v in first[1]}
-    incoming = set(_thunder.incoming_gradients(thunder.last_backward_traces(jm)[-1]))
+    incoming = set(_planning.incoming_gradients(thunder.last_backward_traces(jm)[-1]))
     assert incoming and saved <= made and first[0] == []
     assert all(n in incoming or n.startswith("storage(") for n in made - saved)
     assert info["plan"]["order"][0] == 0
@@ -584,7 +587,8 @@ def test_shared_instance_keeps_each_compilation_s_saved_tensors():
     from their own forward's saved tensors, as when each runs alone."""
     from thunder.core.compile_data import compile_data_and_stats
 
-    from thunder_memfuse import _thunder, memfuse
+    from thunder_memfuse import memfuse
+    from thunder_memfuse.integration import _planning
 
     torch.manual_seed(0)
     models = [torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)),
@@ -607,7 +611,7 @@ def test_shared_instance_keeps_each_compilation_s_saved_tensors():
     hook(0, 0), hook(1, 0)  # both forwards first, then both backwards
     interleaved = [hook(0, 1), hook(1, 1)]
     for i, (a, b) in enumerate(zip(alone, interleaved)):
-        saved = frozenset(_thunder.saved_storages(traces[i][0]))
+        saved = frozenset(_planning.saved_storages(traces[i][0]))
         made = {b["names"][v] for v in b["graph"]["ops"][0][1]}
         assert saved and b["saved_op"] and saved <= made  # its own saved tensors start the backward
         assert b["names"] == a["names"] and b["graph"] == a["graph"] and b["plan"] == a["plan"]

@@ -11,7 +11,7 @@ import thunder
 
 import thunder_memfuse as tm
 from thunder_memfuse import MemFuse, _C, _options, _recompute
-from thunder_memfuse.transform import GENERAL_FUSION_EXECUTORS
+from thunder_memfuse.integration.transform import GENERAL_FUSION_EXECUTORS
 
 from test_plan import Graph, random_graph
 
@@ -130,8 +130,8 @@ def test_the_timeline_simulates_the_planned_peak_with_its_epilogue_pairs():
     """The graph a trace keeps for reports carries its epilogue pairs, so report()'s timeline (and
     plot_timeline, which draws it) simulates the plan's own peak; on the seed with torchcompile the plan
     forms epilogue pairs, and without them the simulation would count each pair's pre-activation."""
-    from thunder_memfuse import _report
-    from thunder_memfuse.seed import memory_peak_inefficient_func
+    from thunder_memfuse.reports import _report
+    from benchmarks.seed import memory_peak_inefficient_func
 
     torch.manual_seed(0)
     t0s, a = [torch.randn(64, 64) for _ in range(6)], torch.randn(64, 64)

@@ -9,7 +9,7 @@ import thunder_memfuse as tm
 from reference import MIB, SEED_BYTES, Graph, random_backward_graph, random_chains_graph, random_graph
 from thunder_memfuse import _C
 from thunder_memfuse._plan import Plan
-from thunder_memfuse.seed import seed_graph_spec
+from benchmarks.seed import seed_graph_spec
 
 
 def seed_graph(efficient):

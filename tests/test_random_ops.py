@@ -1,4 +1,4 @@
-"""Random ops keep their relative order (thunder_memfuse/_thunder.py NOTE [random ops]).
+"""Random ops keep their relative order (thunder_memfuse/_symbols.py NOTE [random ops]).
 
 Under a fixed seed, a function jitted with memfuse gives the same numbers as plain
 thunder.jit (and as eager where plain Thunder matches eager), forward and backward.
@@ -10,7 +10,7 @@ import torch
 import thunder
 
 from thunder_memfuse import MemFuse
-from thunder_memfuse._thunder import is_random
+from thunder_memfuse._symbols import is_random
 
 
 def _draws():
@@ -133,7 +133,7 @@ def test_random_straight_line_programs(seed):
 
 def test_random_ops_never_join_a_region():
     from thunder_memfuse import _C
-    from thunder_memfuse._records import records
+    from thunder_memfuse.integration._records import records
 
     def f(x):
         return torch.nn.functional.dropout(x.sin(), 0.5).cos()

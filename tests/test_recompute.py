@@ -14,7 +14,7 @@ import torch
 import thunder
 
 from thunder_memfuse import MemFuse, _C
-from thunder_memfuse import _recompute
+from thunder_memfuse.integration import _recompute
 from thunder_memfuse.measure import cpu_peak_bytes
 
 from models import checkpointed_mlp, module_step
@@ -305,12 +305,12 @@ def test_random_ops_in_place_writes_and_effects_are_never_copied():
     ours = step(jm)
     for a, b in zip(plain, ours):
         assert torch.equal(a, b)
-    from thunder_memfuse import _thunder
+    from thunder_memfuse import _symbols
 
     for t in (thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]):
         assert getattr(t, "_memfuse_info", None), "memfuse did not plan this trace"
         for b in t.bound_symbols:
-            if _thunder.is_random(b) or _thunder.effects(b):
+            if _symbols.is_random(b) or _symbols.effects(b):
                 assert not _recompute.recomputable(b), b.sym.name
 
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 import thunder
 
-from thunder_memfuse import _C, _thunder
-from thunder_memfuse._records import records
+from thunder_memfuse import _C
+from thunder_memfuse.integration import _planning
+from thunder_memfuse.integration._records import records
 
 
 def _trace(fn, *args):
@@ -55,7 +56,7 @@ def test_the_in_place_write_orders_after_its_readers_through_the_records():
     bsyms = list(trace.bound_symbols)
     recs = records(bsyms, fusible=lambda b: 0, epilogue_role=lambda b: 0, recompute=False)
     ops = [b for b, r in zip(bsyms, recs) if r[0] == _C.RECORD_OP]  # graph op k is ops[k] (no saved op)
-    res = _thunder.plan_trace(bsyms, fuse=False)
+    res = _planning.plan_trace(bsyms, fuse=False)
     g = res["graph"]
     w_op = next(k for k, b in enumerate(ops) if b.sym.name == "copy_")
     x_root = g["ops"][w_op][0][1]  # copy_(src, dst): writes dst, x's storage
@@ -93,7 +94,7 @@ def test_bad_records_are_named():
 
 
 def test_the_collector_waits_while_a_trace_is_planned_and_comes_back_after():
-    """_thunder.py NOTE [collector paused]: no cyclic collection runs inside plan_trace or the
+    """integration/_planning.py NOTE [collector paused]: no cyclic collection runs inside plan_trace or the
     transform (each would walk every Thunder object alive), the collector is on again after them,
     also when planning fails, and it stays off after them when the caller had it off."""
     import gc
@@ -104,7 +105,7 @@ def test_the_collector_waits_while_a_trace_is_planned_and_comes_back_after():
         return (x.sin() * 2).cos() @ x
 
     seen = []
-    import thunder_memfuse._records as rec_mod  # plan_trace imports records from it at each call
+    import thunder_memfuse.integration._records as rec_mod  # plan_trace imports records from it at each call
 
     orig = rec_mod.records
 
@@ -118,11 +119,11 @@ def test_the_collector_waits_while_a_trace_is_planned_and_comes_back_after():
         jf(torch.randn(16, 16))
         assert seen and not any(seen) and gc.isenabled()
         with pytest.raises(ValueError):
-            _thunder.plan_trace(thunder.last_traces(jf)[-1].bound_symbols, max_states=-1)
+            _planning.plan_trace(thunder.last_traces(jf)[-1].bound_symbols, max_states=-1)
         assert gc.isenabled()
         gc.disable()
         try:
-            _thunder.plan_trace(thunder.last_traces(jf)[-1].bound_symbols)
+            _planning.plan_trace(thunder.last_traces(jf)[-1].bound_symbols)
             assert not gc.isenabled()
         finally:
             gc.enable()

@@ -17,7 +17,7 @@ import thunder_memfuse as tm
 from thunder_memfuse import MemFuse, regions
 from thunder_memfuse.measure import cpu_peak_bytes
 from thunder_memfuse.regions import torchcompile as tc
-from thunder_memfuse.seed import memory_peak_inefficient_func
+from benchmarks.seed import memory_peak_inefficient_func
 
 from models import seed_inputs
 
@@ -377,7 +377,7 @@ def _two_gemm_relu_pairs(x, w, b, a):
 
 def _built_kinds(monkeypatch):
     """The (op names, kind) of every region transform.py builds from here on."""
-    from thunder_memfuse import transform
+    from thunder_memfuse.integration import transform
 
     built = []
     real = transform.make_region_callable
@@ -394,7 +394,7 @@ def test_region_kinds_come_from_the_plan(monkeypatch):
     """csrc/core/mf_core.h NOTE [group kinds]: a region's kind is the one the plan gave its group;
     nothing works it out again from the bound symbols (a plan whose kinds say otherwise is
     followed), and a single op is a region only where the compiler's region_of_one says so."""
-    from thunder_memfuse import _thunder
+    from thunder_memfuse.integration import _planning
 
     args = (torch.randn(6, 4), torch.randn(5, 4), torch.randn(5), torch.randn(5, 5))
     expected = _two_gemm_relu_pairs(*args)
@@ -409,14 +409,14 @@ def test_region_kinds_come_from_the_plan(monkeypatch):
     assert all(kind == regions.base.REGION for names, kind in built if kind != regions.base.EPILOGUE)
 
     # the same program under a plan that calls its pairs plain regions: built as regions
-    real_plan_trace = _thunder.plan_trace
+    real_plan_trace = _planning.plan_trace
 
     def pairs_as_regions(*a, **kw):
         res = real_plan_trace(*a, **kw)
         res["kinds"] = ["region" if k == "epilogue" else k for k in res["kinds"]]
         return res
 
-    monkeypatch.setattr(_thunder, "plan_trace", pairs_as_regions)
+    monkeypatch.setattr(_planning, "plan_trace", pairs_as_regions)
     built.clear()
     jf = thunder.jit(lambda *t: _two_gemm_relu_pairs(*t), transforms=[MemFuse(**opts)])
     torch.testing.assert_close(jf(*args), expected)
@@ -424,7 +424,7 @@ def test_region_kinds_come_from_the_plan(monkeypatch):
     assert ("linear", "relu") in [names for names, _ in built]
 
     # a single op becomes a region of one exactly where the compiler runs it as one
-    monkeypatch.setattr(_thunder, "plan_trace", real_plan_trace)
+    monkeypatch.setattr(_planning, "plan_trace", real_plan_trace)
     monkeypatch.setattr(regions.compiler("fallback"), "region_of_one", lambda b: b.sym.name == "matmul")
     built.clear()
     jf = thunder.jit(lambda *t: _two_gemm_relu_pairs(*t), transforms=[MemFuse(**opts)])

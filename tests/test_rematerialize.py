@@ -16,8 +16,9 @@ from thunder.executors.utils import Region
 from torch import nn
 
 import models
-from thunder_memfuse import _C, fusion_pass, memfuse
-from thunder_memfuse._rematerialize import rematerialize
+from thunder_memfuse import _C, memfuse
+from thunder_memfuse.integration import fusion_pass
+from thunder_memfuse.integration._rematerialize import rematerialize
 from thunder_memfuse.regions import torchcompile as tc
 
 

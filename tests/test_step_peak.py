@@ -8,7 +8,8 @@ import torch
 import thunder
 
 import thunder_memfuse as tm
-from thunder_memfuse import MemFuse, _step
+from thunder_memfuse import MemFuse
+from thunder_memfuse.integration import _step
 from thunder_memfuse.errors import MemFuseError, MemFuseWarning
 from thunder_memfuse.measure import cpu_peak_bytes
 from thunder_memfuse.regions import torchcompile as tc

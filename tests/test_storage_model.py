@@ -7,10 +7,11 @@ import torch
 import thunder
 
 import thunder_memfuse as tm
-from thunder_memfuse import MemFuse, _thunder
+from thunder_memfuse import MemFuse
+from thunder_memfuse.integration import _planning
 from thunder_memfuse._plan import simulate
 from thunder_memfuse.measure import compare
-from thunder_memfuse.seed import FUNCTIONS
+from benchmarks.seed import FUNCTIONS
 
 from models import seed_inputs
 
@@ -41,7 +42,7 @@ def test_saved_views_are_one_storage_freed_after_the_last_use():
     three_aliases(x, w).backward()
     torch.testing.assert_close(got, (x.grad, w.grad), rtol=1e-4, atol=1e-4)
 
-    storages = _thunder.saved_storages(thunder.last_traces(jf)[-1])
+    storages = _planning.saved_storages(thunder.last_traces(jf)[-1])
     keys = {k for k, _ in storages.values()}
     assert len(storages) == 3 and len(keys) == 1, storages  # h and two views, one storage
     h_bytes = 64 * 64 * 4
@@ -87,7 +88,7 @@ def test_saved_view_of_an_input_stays_an_input():
     jf = thunder.jit(fn, transforms=[MemFuse()])
     jf(x, w).backward()
     ft = thunder.last_traces(jf)[-1]
-    storages = _thunder.saved_storages(ft)
+    storages = _planning.saved_storages(ft)
     from thunder.core.vjp_utils import get_saved_for_backward_tensors
 
     saved = {s.name for s in get_saved_for_backward_tensors(ft)}
@@ -151,15 +152,15 @@ def test_plan_trace_rejects_bad_storage_information():
     x = torch.randn(8, requires_grad=True)
     jf(x)
     bt = thunder.last_backward_traces(jf)[-1]
-    saved = [n for n in _thunder.saved_storages(thunder.last_traces(jf)[-1])]
+    saved = [n for n in _planning.saved_storages(thunder.last_traces(jf)[-1])]
     assert saved
     with pytest.raises(TypeError, match="storage key, bytes"):
-        _thunder.plan_trace(list(bt.bound_symbols), freeable={n: "bad" for n in saved})
+        _planning.plan_trace(list(bt.bound_symbols), freeable={n: "bad" for n in saved})
     with pytest.raises(ValueError, match="bytes must be >= 0"):
-        _thunder.plan_trace(list(bt.bound_symbols), freeable={n: ("k", -1) for n in saved})
+        _planning.plan_trace(list(bt.bound_symbols), freeable={n: ("k", -1) for n in saved})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        res = _thunder.plan_trace(list(bt.bound_symbols), freeable={n: ("k", 32) for n in saved})
+        res = _planning.plan_trace(list(bt.bound_symbols), freeable={n: ("k", 32) for n in saved})
     assert res["plan"]["peak_bytes"] > 0
 
 
@@ -170,17 +171,17 @@ def test_storage_information_does_not_leak():
     x = torch.randn(16, 16, requires_grad=True)
     jf(x, x.detach().clone().requires_grad_())
     bsyms = list(thunder.last_backward_traces(jf)[-1].bound_symbols)
-    saved = _thunder.saved_storages(thunder.last_traces(jf)[-1])
+    saved = _planning.saved_storages(thunder.last_traces(jf)[-1])
     shared = {n: ("root", 1024) for n in saved}  # every saved tensor a view of one unsaved root
 
     def bad():
         try:
-            _thunder.plan_trace(bsyms, freeable={n: ("root", -1) for n in saved})
+            _planning.plan_trace(bsyms, freeable={n: ("root", -1) for n in saved})
         except ValueError:
             pass
 
-    assert _growth(lambda: _thunder.plan_trace(bsyms, freeable=saved), 1000) < 1 << 20
-    assert _growth(lambda: _thunder.plan_trace(bsyms, freeable=shared), 1000) < 1 << 20
+    assert _growth(lambda: _planning.plan_trace(bsyms, freeable=saved), 1000) < 1 << 20
+    assert _growth(lambda: _planning.plan_trace(bsyms, freeable=shared), 1000) < 1 << 20
     assert _growth(bad, 1000) < 1 << 20
 
 

@@ -3,7 +3,7 @@ import torch
 import thunder
 
 from models import checkpointed, grads_of, seed_inputs
-from thunder_memfuse.seed import memory_peak_efficient_func, memory_peak_inefficient_func
+from benchmarks.seed import memory_peak_efficient_func, memory_peak_inefficient_func
 
 
 def test_seed_functions_forward():

@@ -13,7 +13,7 @@ import thunder
 
 import thunder_memfuse as tm
 from thunder_memfuse import MemFuse, memfuse, regions
-from thunder_memfuse.seed import memory_peak_inefficient_func
+from benchmarks.seed import memory_peak_inefficient_func
 
 from models import checkpointed, seed_inputs
 
@@ -181,7 +181,7 @@ def test_report_compare_and_plot_give_the_same_peak(case):
 
 
 def test_compare_says_one_tensor_not_one_tensors():
-    from thunder_memfuse._compare import Comparison, TraceComparison
+    from thunder_memfuse.reports._compare import Comparison, TraceComparison
 
     t = TraceComparison("backward", [], 0, 4, saved_simulated=4, saved_storages_measured=4, saved_tensors_measured=1)
     text = Comparison({"backward": t}).summary()
@@ -235,9 +235,9 @@ def test_logging_through_the_thunder_memfuse_logger(caplog, monkeypatch):
     assert plans and re.search(r"planned forward trace .*peak [\d.]+ -> [\d.]+ MiB unfused.* took [\d.]+ ms",
                                plans[0].getMessage()), [r.getMessage() for r in plans]
     caplog.clear()
-    from thunder_memfuse import _thunder
+    from thunder_memfuse.integration import _planning
 
-    monkeypatch.setattr(_thunder, "plan_trace", lambda *a, **k: (_ for _ in ()).throw(ValueError("injected")))
+    monkeypatch.setattr(_planning, "plan_trace", lambda *a, **k: (_ for _ in ()).throw(ValueError("injected")))
     with caplog.at_level(logging.INFO, logger="thunder_memfuse"), pytest.warns(tm.MemFuseWarning, match="injected"):
         thunder.jit(lambda t: t.cos() * 5, transforms=[MemFuse()])(torch.randn(4))
     fallbacks = [r for r in caplog.records if r.levelno == logging.WARNING and "injected" in r.getMessage()]
@@ -246,7 +246,7 @@ def test_logging_through_the_thunder_memfuse_logger(caplog, monkeypatch):
 
 
 def test_logging_names_the_regions(caplog):
-    from thunder_memfuse.transform import _log_plan
+    from thunder_memfuse.integration.transform import _log_plan
 
     class B:  # the bound symbols' names are all _log_plan reads of a group
         def __init__(self, n):

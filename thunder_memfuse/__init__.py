@@ -13,6 +13,7 @@ not support, importing the package is an ImportError naming the versions and the
 fix (thunder_memfuse/_versions.py).
 """
 from . import _versions
+from ._versions import __version__  # noqa: F401
 
 _versions.check()  # first: an unsupported torch must not fail later with an unrelated error
 
@@ -25,15 +26,14 @@ from .errors import KernelCompileError, MemFuseError, MemFuseWarning  # noqa: E4
 
 __all__ = ["Plan", "plan", "simulate", "memfuse", "MemFuse", "report", "format_report", "plot_timeline",
            "plot_comparison", "cuda_status", "MemFuseError", "MemFuseWarning", "KernelCompileError"]
-__version__ = "0.1.0"
 
 _LAZY = {
-    "memfuse": ("thunder_memfuse.transform", "memfuse"),
-    "MemFuse": ("thunder_memfuse.transform", "MemFuse"),
-    "report": ("thunder_memfuse._report", "report"),
-    "plot_timeline": ("thunder_memfuse.plot", "plot_timeline"),
-    "plot_comparison": ("thunder_memfuse.plot", "plot_comparison"),
-    "format_report": ("thunder_memfuse._report", "format_report"),
+    "memfuse": ("thunder_memfuse.integration.transform", "memfuse"),
+    "MemFuse": ("thunder_memfuse.integration.transform", "MemFuse"),
+    "report": ("thunder_memfuse.reports._report", "report"),
+    "plot_timeline": ("thunder_memfuse.reports.plot", "plot_timeline"),
+    "plot_comparison": ("thunder_memfuse.reports.plot", "plot_comparison"),
+    "format_report": ("thunder_memfuse.reports._report", "format_report"),
     "cuda_status": ("thunder_memfuse.regions.nvrtc", "cuda_status"),
 }
 

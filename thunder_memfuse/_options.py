@@ -32,6 +32,11 @@ _ON = ("", "1", "on", "true", "yes")
 
 _BACKENDS = {"auto": None, "cpu": "fallback", "cuda": "nvrtc"}
 
+# The region compilers by name (regions/<name>.py each; regions.COMPILERS and regions.KERNELS are
+# these): kept here, below regions/, so that checking an option imports no compiler.
+COMPILERS = ("nvrtc", "torchcompile", "nvfuser", "fallback")
+KERNELS = ("auto",) + COMPILERS
+
 # recompute's largest share: copies writing a hundred times what the trace's ops write are no longer a
 # cheap recomputation; the limit keeps the budget in bytes finite (and in the planner's int64)
 MAX_SHARE = 100.0
@@ -69,10 +74,8 @@ def check_bool(name, v) -> bool:
 
 def check_options(*, kernels, backend, fuse, replace_fusion, comm_overlap, fallback_regions=False) -> str:
     """Validate MemFuse's options; returns `kernels` with `backend` folded into it."""
-    from . import regions
-
-    if type(kernels) is not str or kernels not in regions.KERNELS:
-        raise ValueError(f"MemFuse: kernels must be one of {regions.KERNELS}, got {kernels!r}")
+    if type(kernels) is not str or kernels not in KERNELS:
+        raise ValueError(f"MemFuse: kernels must be one of {KERNELS}, got {kernels!r}")
     if type(backend) is not str or backend not in _BACKENDS:
         raise ValueError(f"MemFuse: backend must be one of {tuple(_BACKENDS)}, got {backend!r} "
                          "(backend is the older spelling of kernels: use kernels=...)")

@@ -21,6 +21,8 @@ import os
 import re
 
 TORCH_MIN = "2.7.1"  # Thunder 0.2.6's own floor
+__version__ = "0.1.0"  # the package's (pyproject.toml's version); thunder_memfuse.__version__
+
 TORCH_BELOW = "2.14"  # the first release that breaks Thunder 0.2.6's import
 TORCH_TESTED = "2.13.0"
 THUNDER = "0.2.6"

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import importlib
 
+from .._options import COMPILERS, KERNELS  # noqa: F401  (the names: _options.py, below this package)
 from .base import Group, RegionCompiler, make_group, region_kind  # noqa: F401  (the interface: regions/base.py)
-
-COMPILERS = ("nvrtc", "torchcompile", "nvfuser", "fallback")
-KERNELS = ("auto",) + COMPILERS
 
 
 def compiler(name: str):

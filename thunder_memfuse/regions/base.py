@@ -138,11 +138,11 @@ def tensor_op(bsym) -> bool:
 
 
 def pure(bsym) -> bool:
-    """Neither draws random numbers nor has an ordered effect (_thunder NOTE [random ops],
+    """Neither draws random numbers nor has an ordered effect (_symbols.py NOTE [random ops],
     mf_build.c NOTE [ordering edges]): a compiled region would change its numbers or its order."""
-    from .. import _thunder
+    from .. import _symbols
 
-    return not _thunder.is_random(bsym) and not _thunder.effects(bsym)
+    return not _symbols.is_random(bsym) and not _symbols.effects(bsym)
 
 
 def same_as_one_read(act) -> bool:

@@ -199,7 +199,7 @@ def fusible(bsym) -> int:
     outputs are tensors, and it neither draws random numbers nor has an ordered effect.  0: no;
     1: yes; STORED: yes, as an extern call whose tensors are stored (NOTE [extern ops in
     regions])."""
-    from .._thunder import _base_name
+    from .._symbols import _base_name
 
     if not tensor_op(bsym) or not pure(bsym) or bsym.sym.id in _autograd_vjps():
         return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from thunder.core.trace import TraceProvenance
 
-from .errors import warn as _warn
+from ..errors import warn as _warn
 
 
 class Forward:

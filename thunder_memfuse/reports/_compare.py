@@ -261,17 +261,17 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
     events.sort(key=lambda e: (e[0], e[1]))
 
     result = Comparison()
-    from . import _thunder
+    from ..integration import _planning
 
     try:  # memfuse's own plan of these traces, when it made them
-        from ._report import _memfuse_traces
+        from ._traces import _memfuse_traces
 
         infos = {k: info for k, (_, info) in _memfuse_traces(jfn).items()}
     except Exception:
         infos = {}
 
     try:
-        freeable = _thunder.saved_storages(ftrace)
+        freeable = _planning.saved_storages(ftrace)
     except Exception:  # then the backward's saved tensors count as inputs
         freeable = None
     for kind, trace, ops in (("forward", ftrace, fops), ("backward", btrace if bwd else None, bops)):
@@ -280,7 +280,7 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
         measured = _measured(events, kind, len(ops))
         if measured is None:
             continue  # this trace did not run (no backward)
-        fr = _thunder.backward_freeable(freeable, trace) if kind == "backward" else None
+        fr = _planning.backward_freeable(freeable, trace) if kind == "backward" else None
         tc = _planned(ops, kind, infos.get(kind), measured) or _simulated(trace, ops, kind, fr, measured)
         if kind == "backward" and freeable is not None:
             tc.saved_simulated = sum(dict(freeable.values()).values())  # bytes per distinct storage key
@@ -288,7 +288,7 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
             tc.saved_tensors_measured, tc.saved_storages_measured = runtime["saved"]
         result.traces[kind] = tc
     try:  # report()'s figures of the same traces
-        from ._report import _schedules
+        from ._traces import _schedules
 
         for kind, info in infos.items():
             if kind in result.traces:
@@ -331,17 +331,17 @@ def _drop(out):
 
 def _op_bsyms(trace):
     """The bound symbols the C reader makes ops of, in order, and the return (or None)."""
-    from . import _thunder
+    from .. import _symbols
 
     ops, ret, seen_op = [], None, False
     for b in trace.bound_symbols:
         sid = b.sym.id
-        if sid in _thunder.DROP_IDS:
+        if sid in _symbols.DROP_IDS:
             continue
-        if sid in _thunder.RETURN_IDS:
+        if sid in _symbols.RETURN_IDS:
             ret = b
             continue
-        if not seen_op and sid in _thunder.PROLOGUE_IDS:
+        if not seen_op and sid in _symbols.PROLOGUE_IDS:
             continue
         seen_op = True
         ops.append(b)
@@ -400,9 +400,10 @@ def _measured(events, kind, n):
 
 
 def _simulated(trace, ops, kind, freeable, measured) -> TraceComparison:
-    from . import _plan, _thunder
+    from .. import _plan
+    from ..integration import _planning
 
-    res = _thunder.plan_trace(list(trace.bound_symbols), fuse=False, max_states=1, freeable=freeable)
+    res = _planning.plan_trace(list(trace.bound_symbols), fuse=False, max_states=1, freeable=freeable)
     g = res["graph"]
     off = len(g["ops"]) - len(ops)  # 1 with the backward's virtual saved-tensor op
     _, step_bytes, live_after = _plan.simulate(g["ops"], g["value_bytes"], list(range(len(g["ops"]))),
@@ -449,7 +450,7 @@ def _planned_steps(ops, info):
     """(start, [each step's modelled bytes], regions read by their Inductor program) of trace steps
     `ops` under memfuse's plan `info` (NOTE [regions in compare]), or None where the steps do not
     line up with the plan's groups."""
-    from ._report import _schedules
+    from ._traces import _schedules
 
     g, plan, names = info["graph"], info["plan"], info["names"]
     _, (_, steps, live) = _schedules(info)

@@ -51,7 +51,7 @@ def _leaf_ok(b) -> bool:
     sid = b.sym.id
     if sid in _cheap_prims():
         return True
-    from .regions.torchcompile import _torch_impl_of
+    from ..regions.torchcompile import _torch_impl_of
 
     orig = _torch_impl_of().get(sid)  # the torch executor's own names for prims
     return orig in _cheap_prims()
@@ -59,9 +59,9 @@ def _leaf_ok(b) -> bool:
 
 def recomputable(bsym) -> bool:
     """NOTE [cheap ops]."""
-    from . import _thunder
+    from .. import _symbols
 
-    if _thunder.is_random(bsym) or _thunder.effects(bsym):
+    if _symbols.is_random(bsym) or _symbols.effects(bsym):
         return False
     return cheap_op(bsym)
 

@@ -26,9 +26,10 @@ from thunder.executors.passes import del_last_used
 from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
-from . import _C, _misuse, _options, _recompute, _step, _thunder, attention, regions
-from ._options import LOG
-from .errors import MemFuseError, warn as _warn
+from .. import _C, _options, _symbols, regions
+from . import _misuse, _planning, _recompute, _step, attention
+from .._options import LOG
+from ..errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
 
 # NOTE [replacing the fusion pass]: memfuse is a drop-in replacement for Thunder's
@@ -140,7 +141,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         recompute: "auto" (default) or True: where a cheap op's result is kept alive across the
             peak, run the op again right before its later readers (csrc/core/mf_remat.c NOTE
             [recomputation]), if that lowers the planned peak; the copies may write at most a
-            share of what the trace's ops write (thunder_memfuse._recompute.DEFAULT_SHARE).  A
+            share of what the trace's ops write (integration/_recompute.py DEFAULT_SHARE).  A
             float: that share instead.  False: never.
         memory_budget: "auto" (default): each trace gets the lowest plan memfuse finds.  A number
             of bytes: each trace gets, among the plans memfuse finds, the one with the least
@@ -214,7 +215,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         if _options.disabled():
             return computation_trace
         try:
-            with _thunder.collector_paused():  # _thunder.py NOTE [collector paused]
+            with _planning.collector_paused():  # _planning.py NOTE [collector paused]
                 return self._transform(computation_trace)
         except Exception as e:  # never make the user's program wrong: keep the trace
             if self.strict:
@@ -265,10 +266,10 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             # remembered for the backward, which Thunder hands over right after:
             # which saved tensors are activations, and which share a storage
-            # (_thunder.py saved_storages, trace.c NOTE [saved storages])
+            # (_planning.py saved_storages, trace.c NOTE [saved storages])
             _carry_saved(_forward_saved(trace))
         elif is_backward:
-            freeable = _thunder.backward_freeable(_carry_saved(None), trace)  # and the incoming gradients
+            freeable = _planning.backward_freeable(_carry_saved(None), trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
             _carry_saved(None)
         forward = _step.take_forward(get_compile_data())
@@ -297,7 +298,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         reorder_only = not fuse and (self.fuse is False or regions.reorder_only(
             self.kernels, cuda=_has_cuda_tensors(bsyms), compiling_peer=_compiling_peer()))
         recompute = self.recompute if recompute is None else recompute
-        res = _thunder.plan_trace(bsyms, max_states=self.max_states, fuse=fuse,
+        res = _planning.plan_trace(bsyms, max_states=self.max_states, fuse=fuse,
                                   freeable=freeable, fusible=self._fusible_for(bsyms),
                                   epilogue_role=comp.epilogue_role,
                                   comm_overlap=self.comm_overlap,
@@ -458,7 +459,7 @@ def _with_comments(bsyms, groups):
     for b in bsyms:
         if b.sym.id == PrimIDs.COMMENT:
             pending.append(b)
-        elif pending and b.sym.id not in _thunder.DROP_IDS:
+        elif pending and b.sym.id not in _symbols.DROP_IDS:
             before[id(b)] = pending
             pending = []
     if not before and not pending:
@@ -512,10 +513,10 @@ def _carry_saved(saved):
 
 
 def _forward_saved(trace):
-    """_thunder.saved_storages of an augmented forward; None (the backward then counts every
+    """_planning.saved_storages of an augmented forward; None (the backward then counts every
     saved tensor as an input, a conservative plan) where it cannot tell, with the reason logged."""
     try:
-        return _thunder.saved_storages(trace)
+        return _planning.saved_storages(trace)
     except Exception as e:
         LOG.warning("memfuse: could not tell which saved tensors of trace %r are activations (%s: %s); "
                     "its backward is planned with all of them as inputs", _trace_name(trace),
@@ -524,7 +525,7 @@ def _forward_saved(trace):
 
 
 def _views_only(group) -> bool:
-    return all(b.sym.name in _thunder.VIEW_NAMES for b in group)
+    return all(b.sym.name in _symbols.VIEW_NAMES for b in group)
 
 
 def _compiling_peer() -> bool:

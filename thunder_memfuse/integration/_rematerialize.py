@@ -69,7 +69,7 @@ def find_cut(external_producer_outputs, producer, consumer) -> tuple:
     from thunder.core.trace import TraceCtx
     from thunder.core.rematerialization import find_external_consumer_inputs
 
-    from . import _C
+    from .. import _C
 
     tags = {prims.OpTags.REDUCTION_OP, prims.OpTags.RANDOM_OP, prims.OpTags.MATMUL_OP}
     required_producer = list(producer.args) + list(external_producer_outputs)

@@ -17,11 +17,11 @@ output is matched against the arguments' storages (`torch._C._is_alias_of`, or t
   where the op was a no-op, which never makes a plan wrong.
 - A fusion region (another executor's, or one an earlier pass formed) is read through its
   subsymbols: an output reached from an input by a chain of (may-)aliases may alias it.
-- The memory model keeps Thunder's view table on top (`_thunder.is_view`): `reshape`, which the probe
+- The memory model keeps Thunder's view table on top (`_symbols.is_view`): `reshape`, which the probe
   finds a may-alias, counts as a view there, as before; `contiguous` is the may-alias the model counts
   as an allocation.
 - Where the probe cannot run (an op that fails on meta tensors, a non-tensor proxy argument), the
-  names Thunder publishes for views decide (`_thunder.VIEW_NAMES`), and the conversions that may
+  names Thunder publishes for views decide (`_symbols.VIEW_NAMES`), and the conversions that may
   return their argument (`to`, `contiguous`, `type_as`, ...) may alias it.
 
 Ops whose probe would touch state outside the tensors are never called: random ops, collectives
@@ -37,7 +37,7 @@ from collections import OrderedDict
 import torch
 from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 
-from . import _thunder
+from .. import _symbols
 
 # Conversions that return their argument itself when there is nothing to convert; where the probe
 # cannot run they count as may-alias (ordering only).
@@ -65,7 +65,7 @@ def aliases(bsym):
     found = _probe_cached(bsym, args, outs)
     if found is None:
         found = _by_name(bsym, args, outs)
-    if _thunder.is_view(bsym):
+    if _symbols.is_view(bsym):
         first = next(i for i, a in enumerate(args) if isinstance(a, TensorProxy))
         found = tuple((first, True) if isinstance(o, TensorProxy) else e for o, e in zip(outs, found))
     return found if any(e is not None for e in found) else None
@@ -77,12 +77,12 @@ def _by_name(bsym, args, outs):
     if name == "update_aliases":  # returns its arguments, in order
         return tuple((tensors[i], True) if isinstance(o, TensorProxy) and i < len(tensors) else None
                      for i, o in enumerate(outs))
-    if name in _thunder.VIEW_NAMES:
+    if name in _symbols.VIEW_NAMES:
         return tuple((tensors[0], True) if isinstance(o, TensorProxy) else None for o in outs)
     if name in _MAY_ALIAS_NAMES or name.endswith("_"):
         # an in-place op by torch's naming returns (a view of) its first argument
         return tuple((tensors[0], name.endswith("_")) if isinstance(o, TensorProxy) else None for o in outs)
-    if bsym.sym.id == _thunder.PrimIDs.COPY_ and len(tensors) >= 2:  # copy_(src, dst) returns dst
+    if bsym.sym.id == _symbols.PrimIDs.COPY_ and len(tensors) >= 2:  # copy_(src, dst) returns dst
         return tuple((tensors[1], True) if isinstance(o, TensorProxy) else None for o in outs)
     return tuple(None for _ in outs)
 
@@ -108,11 +108,11 @@ def _through_subsymbols(bsym, args, outs):
 
 
 def _skip_probe(bsym) -> bool:
-    if _thunder.is_random(bsym) or _thunder.comm_kind(bsym) is not None:
+    if _symbols.is_random(bsym) or _symbols.comm_kind(bsym) is not None:
         return True
-    eff = _thunder.effects(bsym)
-    return bool(eff & _thunder._C.EFF_ORDERED) and not bsym.sym.name.endswith("_") and \
-        bsym.sym.id != _thunder.PrimIDs.COPY_ and bsym.sym.name != "copy_"
+    eff = _symbols.effects(bsym)
+    return bool(eff & _symbols._C.EFF_ORDERED) and not bsym.sym.name.endswith("_") and \
+        bsym.sym.id != _symbols.PrimIDs.COPY_ and bsym.sym.name != "copy_"
 
 
 def _key(bsym):

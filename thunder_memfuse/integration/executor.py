@@ -16,9 +16,9 @@ from __future__ import annotations
 from thunder.core.symbol import Symbol
 from thunder.extend import FusionExecutor, register_executor
 
-from . import regions
-from ._options import LOG
-from .errors import warn as _warn
+from .. import regions
+from .._options import LOG
+from ..errors import warn as _warn
 
 
 def _fallback_callable(group):
@@ -124,7 +124,7 @@ class MemFuseExecutor(FusionExecutor):
     hold and runs NOTE [memfuse fusion pass]; anywhere else it claims nothing."""
 
     def __init__(self):
-        from . import __version__
+        from .._versions import __version__
 
         super().__init__("memfuse", version=__version__)
 

@@ -54,6 +54,6 @@ class Progress:
         if self.on:
             print(f"[{self.what} {elapsed:6.1f} s] {message}", file=sys.stderr, flush=True)
         else:
-            from ._options import LOG
+            from .._options import LOG
 
             LOG.info("%s: %s", self.what, message)

@@ -30,7 +30,7 @@ writes a storage in place, and every op that reads or makes (a view of) a storag
 in place, is pinned: it never joins a provisional region, so rematerialization cannot copy it across
 the write.  Which names share a storage comes from the same probe as the planner's ordering edges
 (_aliases.py NOTE [storage identity]), a may-alias counted as an alias; a write is what the planner
-counts as one (_thunder.effects EFF_WRITES), all of its tensor arguments written.  After the pass,
+counts as one (_symbols.effects EFF_WRITES), all of its tensor arguments written.  After the pass,
 the writes must be the input's, each once: anything else is an internal failure, and the trace is
 returned as it came.
 """
@@ -43,7 +43,7 @@ def fusion_pass(ex, trace):
     try:
         return _fuse_remat_dissolve(ex, trace)
     except Exception as e:
-        from .errors import warn
+        from ..errors import warn
 
         warn(f"memfuse: rematerialization skipped: {type(e).__name__}: {e}")
         return trace
@@ -161,7 +161,7 @@ def written_storages(bsyms):
     storage), written the storages an op of `bsyms` writes in place (all of its tensor arguments)."""
     from thunder.core.proxies import TensorProxy
 
-    from . import _thunder
+    from .. import _symbols
     from ._aliases import aliases
 
     parent = {}
@@ -178,7 +178,7 @@ def written_storages(bsyms):
     if not writers:
         return find, set()
     for b in bsyms:
-        if b.sym.id in _thunder.PROLOGUE_IDS:
+        if b.sym.id in _symbols.PROLOGUE_IDS:
             continue
         found = aliases(b)
         if not found:
@@ -191,12 +191,12 @@ def written_storages(bsyms):
 
 
 def _writes_in_place(b) -> bool:
-    from . import _C, _thunder
+    from .. import _C, _symbols
 
     sid = b.sym.id
-    if sid in _thunder.DROP_IDS or sid in _thunder.RETURN_IDS or sid in _thunder.PROLOGUE_IDS:
+    if sid in _symbols.DROP_IDS or sid in _symbols.RETURN_IDS or sid in _symbols.PROLOGUE_IDS:
         return False  # del, the return and the unpacks carry DONT_DCE, and write nothing
-    return bool(_thunder.effects(b) & _C.EFF_WRITES)
+    return bool(_symbols.effects(b) & _C.EFF_WRITES)
 
 
 def _writes(bsyms):

@@ -1,4 +1,4 @@
-"""The main job: the seed comparison, on CPU by default.
+"""The main job: the seed comparison, on CPU by default (bash scripts/seed.sh runs it).
 
 The seed case: N independent paths relu -> matmul -> relu -> matmul, chained
 through one accumulator (10 paths of 256x256 fp32 by default), written twice:
@@ -6,7 +6,7 @@ path by path (the "efficient" order: one path's intermediates live at a time)
 and step by step across all paths (the "inefficient" order, the shape
 Thunder's dataflow fusion gives it: every path's intermediate live at once).
 
-    python -m thunder_memfuse.seed [--device cpu|cuda] [--paths 10] [--size 256]
+    python benchmarks/seed.py [--device cpu|cuda] [--paths 10] [--size 256]
 
 1. Plans the seed graph with the C core for both functions and prints the plan.
 2. Runs both functions under the real peers: eagerly, under torch.compile,
@@ -142,8 +142,8 @@ def thunder_section(device, n_paths, size, iters=1, time_iters=0, progress=None)
     each variant's measured peak above the inputs, Thunder's own estimate on its
     final trace, whether its result matches eager's, and (time_iters > 0) the
     median milliseconds per call over time_iters calls (None otherwise).
-    progress: say each variant on stderr as it compiles (thunder_memfuse/_progress.py)."""
-    from thunder_memfuse._progress import Progress
+    progress: say each variant on stderr as it compiles (thunder_memfuse/reports/_progress.py)."""
+    from thunder_memfuse.reports._progress import Progress
 
     say = Progress("seed", progress)
     say("importing Thunder ...")
@@ -232,7 +232,7 @@ def plot_results(results, device, n_paths, size, path):
     to path with -<function> before the suffix; returns the paths written."""
     import os
 
-    from .plot import plot_comparison
+    from thunder_memfuse.plot import plot_comparison
 
     root, ext = os.path.splitext(path)
     written = []

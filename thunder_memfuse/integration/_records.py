@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from thunder.core.proxies import TensorProxy
 
-from . import _C
-from . import _thunder
-from ._memo import one_answer_each
+from .. import _C
+from .. import _symbols
+from .._memo import one_answer_each
 
 
 def records(bsyms, *, fusible, epilogue_role, recompute: bool) -> list:
@@ -37,11 +37,11 @@ def _records(bsyms, fusible, epilogue_role, recompute, aliases, cheap_op):
     seen_op = False
     for b in bsyms:
         sid = b.sym.id
-        if _member(sid, _thunder.DROP_IDS):
+        if _member(sid, _symbols.DROP_IDS):
             out.append((_C.RECORD_DROP, 0, 0, None, 0, 0))
-        elif _member(sid, _thunder.RETURN_IDS):
+        elif _member(sid, _symbols.RETURN_IDS):
             out.append((_C.RECORD_RETURN, 0, 0, None, 0, 0))
-        elif not seen_op and _member(sid, _thunder.PROLOGUE_IDS):
+        elif not seen_op and _member(sid, _symbols.PROLOGUE_IDS):
             out.append((_C.RECORD_PROLOGUE, 0, 0, None, 0, 0))
         else:
             seen_op = True
@@ -58,7 +58,7 @@ def _member(sid, ids) -> bool:
 
 
 def _op_record(b, fusible, epilogue_role, recompute, aliases, cheap_op):
-    eff = _thunder.effects(b)
+    eff = _symbols.effects(b)
     if not b.flat_proxy_outs:
         eff |= _C.EFF_ORDERED  # an op without outputs is there for its effect
     al = _wait_aliases(b) if eff & _C.EFF_WAIT else aliases(b)

@@ -1,0 +1,187 @@
+"""A trace handed to the C planner: plan_trace (the op records, then _C.plan_trace), and what a
+training step's traces free early (saved_storages, incoming_gradients, backward_freeable).
+
+What a bound symbol is (views, random ops, effects, the prologue) is base knowledge:
+thunder_memfuse/_symbols.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import math
+import time
+
+from thunder.core.proxies import FutureTensorProxy, TensorProxy
+
+from .. import _C
+from .._symbols import DROP_IDS, PROLOGUE_IDS
+
+
+@functools.lru_cache(maxsize=1)
+def _fusible_predicate():
+    # importing the code generator's predicate loads no CUDA library (they are opened at first use)
+    from ..regions.nvrtc import fusible_bsym
+
+    return fusible_bsym
+
+
+# NOTE [collector paused]: reading a trace makes many small objects (records, the
+# predicates' sets, the graph dicts), enough to start the cyclic collector's passes, and
+# each pass walks every object Thunder and the model keep alive (traces, proxies,
+# parameters), which the pass itself never makes garbage of.  A plan of a backward of
+# thousands of ops ran into several.  So the collector waits while memfuse reads and
+# plans one trace; reference counting frees as before, and what cyclic garbage the pass
+# leaves is collected after it.
+@contextlib.contextmanager
+def collector_paused():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_role=None,
+               comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0):
+    """Run the C trace reader and planner on a list of bound symbols.
+
+    fusible(bsym): the region compiler's fusible level (default: the nvrtc
+    code generator's); it is never asked about an op with an effect, so a
+    random op never joins a region (NOTE [random ops]).
+    freeable: names of prologue tensors the trace frees after their last use
+    (a backward's saved activations: trace.c NOTE [freeable saved tensors]),
+    or saved_storages()'s mapping {name: (storage key, bytes)}, which also says
+    which of them share one storage.
+    epilogue_role(bsym): EPI_HEAD / EPI_TAIL bits (default: regions.nvrtc's;
+    csrc/core/mf_build.c NOTE [epilogue candidates]).
+    comm_overlap: issue collectives early and waits late within the planned
+    peaks (csrc/core/mf_comm.c NOTE [collective overlap]).
+    recompute: the bytes copies of cheap ops may write (csrc/core/mf_remat.c
+    NOTE [recomputation]; 0: none); _recompute.emit turns the result's copies
+    into bound symbols.  peak_allowance: a fused peak up to this many bytes costs
+    nothing, so the fewest regions within it are formed (csrc/core/mf_fuse.c NOTE
+    [peak allowance]; _step.py NOTE [the step's peak]).  peak_target: 0, or the
+    bytes of MemFuse(memory_budget=...) (csrc/core/mf_pipeline.c NOTE [peak
+    target]).  The records are
+    _records.py's (NOTE [op records])."""
+    from ._records import records
+
+    if epilogue_role is None:
+        from ..regions.nvrtc import epilogue_role
+    bsyms = list(bsyms)
+    with collector_paused():
+        start = time.perf_counter()
+        recs = records(bsyms, fusible=fusible or _fusible_predicate(), epilogue_role=epilogue_role,
+                       recompute=bool(recompute))
+        records_ms = 1e3 * (time.perf_counter() - start)
+        res = _C.plan_trace(
+            bsyms,
+            recs,
+            # futures are sized like tensors (mf_build.c NOTE [collectives])
+            tensor_type=(TensorProxy, FutureTensorProxy),
+            max_states=max_states,
+            fuse=fuse,
+            freeable=dict(freeable) if isinstance(freeable, dict) else frozenset(freeable or ()),
+            comm_overlap=comm_overlap,
+            recompute=int(recompute),
+            peak_allowance=int(peak_allowance),
+            peak_target=int(peak_target),
+        )
+        res["stage_ms"]["reading"] += records_ms  # the op records are the reading's Python half
+        return res
+
+
+def saved_storages(forward_trace) -> dict:
+    """The storages an augmented forward saves for backward (NOTE [saved storages]).
+
+    Returns {saved name: (storage key, storage bytes)} for the saved tensors
+    that are not (views of) the forward's inputs: names with the same key share
+    one storage, of the given bytes (its root's, which need not be saved
+    itself).  Parameters, inputs and their views are left out: they stay alive
+    in the caller, while activations die with their last use in the backward."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    from ._aliases import aliases
+
+    producer = {}
+
+    def index(bsyms, outer=None):
+        for b in bsyms:
+            # a fusion's subsymbols say how its outputs were made (a view inside
+            # a region is still a view of another output)
+            if b.subsymbols and getattr(b.sym, "is_fusion", False):
+                index(b.subsymbols, b)
+            for o in b.flat_proxy_outs:
+                producer.setdefault(o.name, b)
+
+    index(forward_trace.bound_symbols)
+
+    def root(p):
+        """(root proxy, is an input) of p's view chain."""
+        for _ in range(10_000):  # view chains are short; the bound guards a cycle
+            b = producer.get(p.name)
+            if b is None or b.sym.id in PROLOGUE_IDS:
+                return p, True
+            # a view in the memory model (_aliases NOTE [storage identity]): update_aliases,
+            # copy_'s result and the view ops share their argument's storage
+            found = aliases(b)
+            j = next((j for j, o in enumerate(b.flat_proxy_outs) if getattr(o, "name", None) == p.name), None)
+            e = found[j] if found and j is not None and j < len(found) else None
+            if e is None or not e[1]:
+                return p, False
+            p = b.flat_proxy_args[e[0]]
+        return p, True
+
+    out = {}
+    for s in get_saved_for_backward_tensors(forward_trace):
+        if not isinstance(s, TensorProxy) or s.name in out:
+            continue
+        r, is_input = root(s)
+        if not is_input:
+            out[s.name] = (r.name, _proxy_bytes(r))
+    return out
+
+
+def _proxy_bytes(p) -> int:
+    n = 1
+    for d in p.shape:
+        n *= int(d if isinstance(d, int) else getattr(d, "value", d))
+    return int(math.ceil(n * p.dtype.bytes))
+
+
+def incoming_gradients(backward_trace) -> dict:
+    """{name: (name, bytes)} for the tensors a backward trace unpacks from its
+    second argument (the gradients of the forward's outputs).  Thunder's
+    backward clears that collection, so, like the saved activations, each is
+    freed after its last use (NOTE [saved storages])."""
+    params = [a[0] if isinstance(a, tuple) else a for a in backward_trace.siginfo().args]
+    if len(params) < 2:
+        return {}
+    collections, out = {str(params[1])}, {}
+    for b in backward_trace.bound_symbols:
+        if b.sym.id not in PROLOGUE_IDS and b.sym.id not in DROP_IDS:
+            break
+        args = b.flat_proxy_args
+        if b.sym.id in PROLOGUE_IDS and args and getattr(args[0], "name", None) in collections:
+            for o in b.flat_proxy_outs:
+                if isinstance(o, TensorProxy):
+                    out[o.name] = (o.name, _proxy_bytes(o))
+                else:
+                    collections.add(getattr(o, "name", None))
+    return out
+
+
+def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
+    """What a backward frees after last use: the forward's saved storages
+    (saved_storages) and the incoming gradients (None: nothing known)."""
+    if saved is None:
+        return None
+    out = dict(incoming_gradients(backward_trace))
+    out.update(saved)
+    return out
+
+
+__all__ = ["plan_trace", "saved_storages", "incoming_gradients", "backward_freeable", "collector_paused"]

@@ -1,0 +1,186 @@
+"""Scaled dot-product attention kept whole on CPU tensors.
+
+NOTE [attention kept whole]  Thunder's sdpa executor declines CPU tensors, so on a CPU Thunder
+decomposes `scaled_dot_product_attention` into matmul, softmax and matmul: every attention matrix
+(batch x heads x T x T) is made, and the softmax's result is saved for the backward.  That cost grows
+with T squared, and no order, grouping or recomputation touches it.  Eager PyTorch and torch.compile
+run torch's fused CPU attention (a flash-attention kernel, blocked over the key length) instead.
+
+memfuse_sdpa_cpu, an operator executor that memfuse puts first in a compilation's executor list
+(transform.py, wherever memfuse is in use), claims the op on CPU tensors and runs the same kernels as
+eager: `aten._scaled_dot_product_flash_attention_for_cpu` for the forward, which also returns the
+logsumexp of each query row, and its `_backward`, which recomputes the probabilities block by block
+from it.  So a training step saves q, k, v, the output and the logsumexp (batch x heads x T floats),
+never a T x T tensor, and the numbers are eager's.  To the planner each is one op whose outputs are
+what it allocates (the output and the logsumexp; the three gradients); the kernels' per-thread
+blocks, which do not grow with T squared, are not counted.
+
+What the kernel cannot take falls back to Thunder's decomposition, with the reason logged once per
+process at WARNING on the `thunder_memfuse` logger and counted per compilation (report()'s
+"attention"): dropout (the CPU kernel has none), an attention mask that needs a gradient, inputs
+that are not 4-D, key/value heads that differ from the query's (grouped-query attention with k and
+v not repeated: the kernel would read them as if they were), a value head size unlike the query's,
+dtypes other than floating ones, a mask of another floating dtype than the query.  Boolean masks are
+turned into the additive mask eager uses (False: -inf).  CUDA tensors are left to Thunder's own sdpa
+and cuDNN executors.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import thunder.core.dtypes as dtypes
+import thunder.torch as ltorch
+from thunder.core.proxies import TensorProxy
+from thunder.core.transforms import get_grad, put_grads
+from thunder.extend import OperatorExecutor, register_executor
+
+from .._options import LOG
+
+NAME = "memfuse_sdpa_cpu"
+ex = OperatorExecutor(NAME, version="0.1")
+register_executor(ex)
+
+_logged: set = set()
+_lock = threading.Lock()
+
+
+def _float_mask(mask, dtype):
+    """The additive mask eager's fused path uses: a boolean mask's False is -inf."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
+
+def _fwd_meta(query, key, value, attn_mask, is_causal, scale):
+    b, h, lq, _ = query.shape
+    lse_dtype = dtypes.float64 if query.dtype == dtypes.float64 else dtypes.float32
+    return (TensorProxy(like=query, shape=tuple(query.shape[:3]) + (value.shape[-1],)),
+            TensorProxy(like=query, shape=(b, h, lq), dtype=lse_dtype, requires_grad=False))
+
+
+def _fwd_impl(query, key, value, attn_mask, is_causal, scale):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=_float_mask(attn_mask, query.dtype), scale=scale)
+
+
+sdpa_fwd = ex.register_operator("memfuse_sdpa_cpu_forward", meta=_fwd_meta, fn=_fwd_impl)
+
+
+def _bwd_meta(grad, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    return TensorProxy(like=query), TensorProxy(like=key), TensorProxy(like=value)
+
+
+def _bwd_impl(grad, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=_float_mask(attn_mask, query.dtype),
+        scale=scale)
+
+
+sdpa_bwd = ex.register_operator("memfuse_sdpa_cpu_backward", meta=_bwd_meta, fn=_bwd_impl)
+
+
+def declined(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    """Why the fused CPU kernel cannot run this call (None: it can; "" for non-CPU tensors, which are
+    not this executor's to take or to report)."""
+    tensors = [t for t in (query, key, value, attn_mask) if t is not None]
+    if not all(isinstance(t, TensorProxy) for t in tensors):
+        return "an argument is not a tensor"
+    if any(t.device.type != "cpu" for t in tensors):
+        return ""
+    if not (isinstance(dropout_p, (int, float)) and dropout_p == 0):
+        return "dropout (the CPU kernel has none)"
+    if not isinstance(is_causal, bool) or not (scale is None or isinstance(scale, (int, float))):
+        return "is_causal or scale is not a constant"
+    if any(t.ndim != 4 for t in (query, key, value)):
+        return "query, key and value are not 4-D (batch, heads, tokens, head size)"
+    if any(not dtypes.is_float_dtype(t.dtype) for t in (query, key, value)) or not (
+            query.dtype == key.dtype == value.dtype):
+        return "query, key and value are not of one floating dtype"
+    if query.shape[0] != key.shape[0] or query.shape[1] != key.shape[1] or key.shape[:3] != value.shape[:3]:
+        return "key and value heads or batch differ from the query's (grouped-query attention: repeat k and v)"
+    if query.shape[-1] != key.shape[-1] or value.shape[-1] != query.shape[-1]:
+        return "the value head size differs from the query's"
+    if attn_mask is not None:
+        if attn_mask.requires_grad:
+            return "the attention mask needs a gradient"
+        if is_causal:
+            return "both is_causal and an attention mask"
+        if attn_mask.dtype != dtypes.bool8 and attn_mask.dtype != query.dtype:
+            return f"an attention mask of dtype {attn_mask.dtype} for {query.dtype} inputs"
+        if attn_mask.ndim not in (2, 4):
+            return f"a {attn_mask.ndim}-D attention mask (the kernel takes 2-D or 4-D)"
+    return None
+
+
+def _note(reason, call=None) -> None:
+    """Count a fused call (`call`: its query, key and value names, so a call Thunder transforms twice counts
+    once) or name why one runs decomposed, on the compilation's data (attention_summary); a reason is also
+    logged, once per process."""
+    from thunder.core.compile_data import get_compile_data
+
+    cd = get_compile_data()
+    if cd is not None:
+        seen = getattr(cd, "_memfuse_attention", None)
+        if seen is None:
+            seen = cd._memfuse_attention = {"fused": set(), "decomposed": set()}
+        if reason is None:
+            seen["fused"].add(call)
+        else:
+            seen["decomposed"].add(reason)
+    if reason is None:
+        return
+    with _lock:
+        if reason in _logged:
+            return
+        _logged.add(reason)
+    LOG.warning("memfuse: scaled_dot_product_attention on CPU tensors runs decomposed (matmul, softmax, "
+                "matmul: a tokens x tokens tensor per head): %s", reason)
+
+
+def attention_summary(cd) -> dict | None:
+    """{"fused": attention calls that took the fused kernels, "decomposed": sorted reasons some did not} for compile
+    data `cd`; None where no attention on CPU tensors was seen."""
+    seen = getattr(cd, "_memfuse_attention", None)
+    if seen is None:
+        return None
+    return {"fused": len(seen["fused"]), "decomposed": sorted(seen["decomposed"])}
+
+
+def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
+    reason = declined(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+    if reason == "":
+        return False
+    if reason is not None:  # Thunder may ask more than once per call: fused calls are counted where they run
+        _note(reason)
+    return reason is None
+
+
+def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    _note(None, (query.name, key.name, value.name))
+    out, _ = sdpa_fwd(query, key, value, attn_mask, is_causal, scale)
+    return out
+
+
+def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    _note(None, (query.name, key.name, value.name))
+    out, lse = sdpa_fwd(query, key, value, attn_mask, is_causal, scale)
+    g = get_grad(out)
+    gq, gk, gv = sdpa_bwd(g, query, key, value, out, lse, attn_mask, is_causal, scale)
+    put_grads((query, key, value), (gq, gk, gv))  # a mask that needs a gradient was declined
+    return out
+
+
+ex.register_implementation(ltorch.scaled_dot_product_attention, checker=_checker, execution_transform=_execution,
+                           grad_transform=_grad)
+
+
+def add_to(cd) -> None:
+    """Put memfuse_sdpa_cpu first in compile data `cd`'s executor list (None: outside a compilation)."""
+    if cd is None:
+        return
+    executors = tuple(cd.executors_list)
+    if any(e is ex for e in executors):
+        return
+    cd.executors_list = (ex,) + executors
