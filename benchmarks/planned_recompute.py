@@ -7,7 +7,7 @@ One training step of each checkpointed workload (benchmarks/workloads.py, full s
 thunder.jit(..., transforms=[MemFuse(recompute="auto")]), then report(jfn)["backward"]: the planned peak
 with the copies, the planned peak without them, how many ops run twice, the pass's own time, the
 forward's regions (its first grouping, and the grouping within the backward's planned peak where that
-has fewer: thunder_memfuse/_step.py NOTE [the step's peak]) and its planned peak, and (--live N) the N
+has fewer: thunder_memfuse/integration/_step.py NOTE [the step's peak]) and its planned peak, and (--live N) the N
 largest storages live at the planned peak.  Planned peaks depend on the trace only,
 not on the machine's load; the pass's time does.
 

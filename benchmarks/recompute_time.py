@@ -9,7 +9,7 @@ activation checkpointing as Thunder writes it in primitive ops: each block's for
 from its saved input (LayerNorm as var_mean and elementwise ops, attention as matmul / scale / where /
 softmax / matmul, the tanh GELU as its elementwise chain), then its backward (two matmuls per linear
 layer, the elementwise backward of GELU, softmax and LayerNorm reading the recomputed values).  The
-elementwise ops and views are `cheap` (what thunder_memfuse/_recompute.py NOTE [cheap ops] lets copy),
+elementwise ops and views are `cheap` (what thunder_memfuse/integration/_recompute.py NOTE [cheap ops] lets copy),
 matmuls and reductions are not.  _C.plan is timed with recompute=0 and with the default budget (a
 quarter of the bytes the ops write, _recompute.DEFAULT_SHARE).
 

@@ -227,7 +227,7 @@ def backward_plan_call(w, **jit_kwargs):
     finally:
         _planning.plan_trace = orig
     # the backward's is the last call planned without an allowance: the forward is planned again after
-    # it, within the backward's peak (thunder_memfuse/_step.py NOTE [the step's peak])
+    # it, within the backward's peak (thunder_memfuse/integration/_step.py NOTE [the step's peak])
     bsyms, kw = [c for c in calls if not c[1].get("peak_allowance")][-1]
     return bsyms, kw, orig
 

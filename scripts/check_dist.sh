@@ -27,6 +27,11 @@ for f in csrc/core/mf_core.h csrc/python/mf_py.h thunder_memfuse_compat.pth LICE
 done
 WHEEL_FILES=$("$PY" -c 'import sys, zipfile; print("\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))' "$WHEEL")
 grep -qx "thunder_memfuse_compat.pth" <<<"$WHEEL_FILES" || { echo "check_dist: the wheel has no .pth"; exit 1; }
+# every module of the package, in each of its folders (pyproject.toml [tool.setuptools] packages)
+for f in $(find thunder_memfuse -name '*.py' -not -path '*/__pycache__/*' | sort); do
+    grep -qx "$f" <<<"$WHEEL_FILES" || { echo "check_dist: $f is missing from the wheel (pyproject.toml packages)"; exit 1; }
+    grep -q "/$f\$" <<<"$SDIST_FILES" || { echo "check_dist: $f is missing from the sdist"; exit 1; }
+done
 
 fresh_venv() {  # fresh_venv DIR: a venv that sees .venv's packages after its own
     "$PY" -m venv --without-pip "$1"

@@ -1,4 +1,4 @@
-"""Attention kept whole on CPU tensors (thunder_memfuse/attention.py NOTE [attention kept whole]): with
+"""Attention kept whole on CPU tensors (thunder_memfuse/integration/attention.py NOTE [attention kept whole]): with
 memfuse, F.scaled_dot_product_attention runs torch's fused CPU kernels, forward and backward, with eager's
 numbers; the step saves the logsumexp, never a tokens x tokens tensor; what the kernel cannot take runs
 decomposed with the reason logged and summarized."""

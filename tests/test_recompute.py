@@ -1,4 +1,4 @@
-"""Recomputation (csrc/core/mf_remat.c NOTE [recomputation], thunder_memfuse/_recompute.py).
+"""Recomputation (csrc/core/mf_remat.c NOTE [recomputation], thunder_memfuse/integration/_recompute.py).
 
 - On small graphs the chosen copies give the least simulated peak over every copy set within the
   budget, found here by brute force over the same move set (at most 10 candidate splits).

@@ -1,4 +1,4 @@
-"""The C reader's input: one record per bound symbol (thunder_memfuse/_records.py NOTE [op records]),
+"""The C reader's input: one record per bound symbol (thunder_memfuse/integration/_records.py NOTE [op records]),
 each question asked once, and a reader that checks what it is given."""
 import pytest
 import torch

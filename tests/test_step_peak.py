@@ -1,4 +1,4 @@
-"""The step's peak (thunder_memfuse/_step.py NOTE [the step's peak], csrc/core/mf_fuse.c NOTE
+"""The step's peak (thunder_memfuse/integration/_step.py NOTE [the step's peak], csrc/core/mf_fuse.c NOTE
 [peak allowance]): a training step's forward is regrouped with fewer regions within its backward's
 planned peak; results stay plain Thunder's and the measured step peak does not rise.  The core's
 grouping under an allowance is checked against brute force in tests/c/test_allowance.c.

@@ -8,7 +8,7 @@ the op-by-op fallback (regions.op_by_op).
 memfuse_ex is the registered Thunder FusionExecutor that owns memfuse's fusion
 symbols (so a trace's fusion symbols pickle) and, where memfuse replaces a
 general fusion executor, runs its fusion pass (NOTE [memfuse fusion pass],
-thunder_memfuse/fusion_pass.py).
+thunder_memfuse/integration/fusion_pass.py).
 """
 from __future__ import annotations
 

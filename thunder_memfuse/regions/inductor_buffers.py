@@ -9,7 +9,7 @@ renames one it reuses in place (`bufM = reinterpret_tensor(bufN, ...); del bufN 
 with `del bufN`.  Walking those lines gives the most bytes its buffers hold at once while it runs,
 outputs included (a returned view of an input allocates nothing).  A line that makes a buffer any
 other way (a fallback kernel returning a new tensor, sizes that are symbols) makes the answer None:
-unknown, never a guess.  compare() uses it (thunder_memfuse/_compare.py NOTE [regions in compare]).
+unknown, never a guess.  compare() uses it (thunder_memfuse/reports/_compare.py NOTE [regions in compare]).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ slows down or warms up over the run weighs on every variant alike): min, median 
 that Thunder gives the same outputs with and without memfuse, and says plainly when memfuse's peak is
 above eager's.  When the output requires grad, each call also runs the backward of the sum of the
 outputs (loss_fn= to choose), so the figures are a training step's.  What it is doing goes to stderr
-as it happens (thunder_memfuse/_progress.py: on where stderr is a terminal; progress= or
+as it happens (thunder_memfuse/reports/_progress.py: on where stderr is a terminal; progress= or
 THUNDER_MEMFUSE_PROGRESS=1 / 0).  The command-line form imports make_step from a module (or a file
 path: path/to/file.py:make_step); make_step() returns (fn, args) or (fn, args, kwargs).
 """
