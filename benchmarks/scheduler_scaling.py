@@ -14,7 +14,10 @@ import statistics
 import time
 
 import thunder_memfuse as tm
-from seed import seed_graph_spec
+if __package__:  # imported as benchmarks.scheduler_scaling (notebooks/03_scheduler.ipynb)
+    from .seed import seed_graph_spec
+else:  # python benchmarks/scheduler_scaling.py: benchmarks/ is on sys.path
+    from seed import seed_graph_spec
 
 MIB = float(1 << 20)
 

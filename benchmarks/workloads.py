@@ -233,7 +233,10 @@ def backward_plan_call(w, **jit_kwargs):
 
 
 def seed_workloads(paths=10, size=256, seed=0):
-    from seed import FUNCTIONS
+    if __package__:  # imported as benchmarks.workloads
+        from .seed import FUNCTIONS
+    else:  # import workloads, benchmarks/ on sys.path (the scripts here, notebooks/05_memory_model.ipynb)
+        from seed import FUNCTIONS
 
     torch.manual_seed(seed)
     t0s = [torch.randn(size, size) for _ in range(paths)]
