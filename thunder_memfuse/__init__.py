@@ -11,6 +11,12 @@ lazily, so `plan()` works without importing Thunder; the plots need matplotlib
 MemFuseWarning (thunder_memfuse.errors).  On a torch or Thunder version it does
 not support, importing the package is an ImportError naming the versions and the
 fix (thunder_memfuse/_versions.py).
+
+Layout (docs/ARCHITECTURE.md "Layers of the package"; imports run downwards only):
+the base modules here (errors, _options, _versions, _memo, _plan, _symbols, _C), regions/ (region
+compilers), integration/ (the Thunder transform, executor and fusion pass), reports/ (measurement,
+report, plots), and on top this module and the public re-export modules measure, savings, plot and
+attention.
 """
 from . import _versions
 from ._versions import __version__  # noqa: F401
