@@ -1,6 +1,6 @@
 /*
  * mf_flow.c -- a maximum flow and the minimum cut closest to the sink, for the
- * rematerialization of the fusion pass (thunder_memfuse/_rematerialize.py).
+ * rematerialization of the fusion pass (thunder_memfuse/integration/_rematerialize.py).
  *
  * NOTE [min cut]
  * Thunder's rematerialization asks, for each producer/consumer pair of fusion

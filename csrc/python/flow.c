@@ -1,7 +1,7 @@
 /*
  * flow.c -- thunder_memfuse._C.min_cut: the core's maximum flow and the
  * minimum cut closest to the sink (mf_flow.c NOTE [min cut]), for the fusion
- * pass's rematerialization (thunder_memfuse/_rematerialize.py).
+ * pass's rematerialization (thunder_memfuse/integration/_rematerialize.py).
  */
 #include "mf_py.h"
 

@@ -6,7 +6,7 @@
  *            freeable=None, comm_overlap=True, recompute=0, peak_allowance=0,
  *            peak_target=0)
  *
- * records[i] describes bsyms[i] (thunder_memfuse/_records.py collects them in
+ * records[i] describes bsyms[i] (thunder_memfuse/integration/_records.py collects them in
  * one pass; this file knows no Thunder symbol and calls nothing back):
  *   (kind, effects, fusible, aliases, cheap, epilogue)
  *  - kind: RECORD_OP, RECORD_PROLOGUE (unpack_*: kept first, in order; their
@@ -20,7 +20,7 @@
  *  - aliases: None, or one entry per flat_proxy_outs item, None or
  *    (k, always) with k an index into flat_proxy_args: the output shares
  *    argument k's storage (always) or may share it (mf_build.c NOTE [views];
- *    thunder_memfuse/_aliases.py NOTE [storage identity]).
+ *    thunder_memfuse/integration/_aliases.py NOTE [storage identity]).
  * Of the bound symbols it reads sym.id, flat_proxy_args, flat_proxy_outs and
  * of proxies name, shape and dtype.bytes.  Returns
  *
@@ -233,7 +233,7 @@ done:
 
 /* NOTE [saved storages]: the value of a freeable saved tensor p, made by the
  * builder's op 0.  With `freeable` a dict {name: (storage key, storage
- * bytes)} (thunder_memfuse/_thunder.py saved_storages), saved tensors with the
+ * bytes)} (thunder_memfuse/integration/_planning.py saved_storages), saved tensors with the
  * same key share one storage: the first of a group creates its root (p itself
  * when p is the root, named by the key; else a value of the key's bytes named
  * "storage(key)"), the others are views of it, so the storage counts once and
