@@ -10,7 +10,8 @@ import torch
 import thunder
 
 import thunder_memfuse as tm
-from thunder_memfuse import MemFuse, _C, _options, _recompute
+from thunder_memfuse import MemFuse, _C, _options
+from thunder_memfuse.integration import _recompute
 from thunder_memfuse.integration.transform import GENERAL_FUSION_EXECUTORS
 
 from test_plan import Graph, random_graph
