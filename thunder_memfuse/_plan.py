@@ -65,7 +65,7 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
          after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
          epilogues: Sequence[Pair] = (), fusion_moves: bool = True, comm: Sequence[Pair] = (),
          comm_overlap: bool = True, recompute: int = 0, cheap: Optional[Sequence[bool]] = None,
-         peak_allowance: int = 0) -> Plan:
+         peak_allowance: int = 0, peak_target: int = 0) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -100,11 +100,16 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
     NOTE [peak allowance]): the grouping then takes the fewest groups whose peak
     is at most the larger of the least peak and this, which may be above the
     order's unfused peak (0: none, the least peak).
+    peak_target: 0, or bytes (csrc/core/mf_pipeline.c NOTE [peak target]): the
+    recomputation passes stop at the first plan whose fused peak is at most this,
+    so the plan copies as little as fits; `pipeline["fits"]` says whether one did
+    (else the lowest plan found).
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
                 fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap, recompute=recompute,
-                cheap=cheap, peak_allowance=peak_allowance)
+                cheap=cheap, peak_allowance=peak_allowance,
+                peak_target=peak_target)
     return Plan(**d)
 
 
