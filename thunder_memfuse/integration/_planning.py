@@ -104,6 +104,19 @@ def saved_storages(forward_trace) -> dict:
     in the caller, while activations die with their last use in the backward."""
     from thunder.core.vjp_utils import get_saved_for_backward_tensors
 
+    root = _root_of(forward_trace)
+    out = {}
+    for s in get_saved_for_backward_tensors(forward_trace):
+        if not isinstance(s, TensorProxy) or s.name in out:
+            continue
+        r, is_input = root(s)
+        if not is_input:
+            out[s.name] = (r.name, _proxy_bytes(r))
+    return out
+
+
+def _root_of(forward_trace):
+    """root(proxy) -> (root proxy, is an input) along the forward's view chains."""
     from ._aliases import aliases
 
     producer = {}
@@ -135,14 +148,35 @@ def saved_storages(forward_trace) -> dict:
             p = b.flat_proxy_args[e[0]]
         return p, True
 
-    out = {}
-    for s in get_saved_for_backward_tensors(forward_trace):
-        if not isinstance(s, TensorProxy) or s.name in out:
+    return root
+
+
+def held_output_bytes(forward_trace, saved: dict | None) -> int:
+    """Bytes of the storages an augmented forward returns to its caller that are neither
+    (views of) its inputs nor saved for the backward (NOTE [held outputs]).
+
+    NOTE [held outputs]: a training step's backward runs while the caller still holds
+    what the forward returned (the logits a loss was computed from: `out = model(x);
+    loss_fn(out).backward()`), and those storages are in no trace's count: not the
+    forward's saved set, not the backward's start.  MemFuse(memory_budget=) promises the
+    step's peak, so the backward's target is the budget less these bytes."""
+    out = forward_trace.output
+    first = out[0] if isinstance(out, tuple) and out else None
+    flat = first.get("flat_output") if isinstance(first, dict) else None
+    if not flat:
+        return 0
+    root = _root_of(forward_trace)
+    saved_roots = {key for key, _ in (saved or {}).values()}
+    seen, total = set(), 0
+    for o in flat:
+        if not isinstance(o, TensorProxy):
             continue
-        r, is_input = root(s)
-        if not is_input:
-            out[s.name] = (r.name, _proxy_bytes(r))
-    return out
+        r, is_input = root(o)
+        if is_input or r.name in seen or r.name in saved_roots:
+            continue
+        seen.add(r.name)
+        total += _proxy_bytes(r)
+    return total
 
 
 def _proxy_bytes(p) -> int:
@@ -184,4 +218,4 @@ def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
     return out
 
 
-__all__ = ["plan_trace", "saved_storages", "incoming_gradients", "backward_freeable", "collector_paused"]
+__all__ = ["plan_trace", "saved_storages", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]

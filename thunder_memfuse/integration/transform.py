@@ -262,18 +262,21 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
 
     def _transform(self, trace):
         is_backward = TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
-        freeable = None
+        freeable, held = None, 0
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             # remembered for the backward, which Thunder hands over right after:
             # which saved tensors are activations, and which share a storage
             # (_planning.py saved_storages, trace.c NOTE [saved storages])
-            _carry_saved(_forward_saved(trace))
+            saved = _forward_saved(trace)
+            _carry_saved(saved, _held_outputs(trace, saved))
         elif is_backward:
-            freeable = _planning.backward_freeable(_carry_saved(None), trace)  # and the incoming gradients
+            saved, held = _carry_saved(None)
+            freeable = _planning.backward_freeable(saved, trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
             _carry_saved(None)
         forward = _step.take_forward(get_compile_data())
-        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable)
+        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable,
+                               held=held if is_backward else 0)
         _warn_over_budget(trace, new_trace._memfuse_info.get("memory_budget"))
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             _step.keep_forward(get_compile_data(), trace, new_trace)
@@ -285,10 +288,11 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                                   strict=self.strict)
         return new_trace
 
-    def _plan(self, trace, *, is_backward, freeable, peak_allowance=0, recompute=None):
+    def _plan(self, trace, *, is_backward, freeable, peak_allowance=0, recompute=None, held=0):
         """trace planned and regrouped: a new trace with its _memfuse_info.  peak_allowance: a
         fused peak up to it costs nothing (csrc/core/mf_fuse.c NOTE [peak allowance]); recompute:
-        this option's value instead of the instance's."""
+        this option's value instead of the instance's; held: bytes the caller holds beside this
+        trace that memory_budget counts (_planning.py NOTE [held outputs])."""
         start = time.perf_counter_ns()
         bsyms = list(trace.bound_symbols)
         compiler = self._compiler_for(bsyms)
@@ -303,7 +307,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                                   epilogue_role=comp.epilogue_role,
                                   comm_overlap=self.comm_overlap,
                                   recompute=_recompute.budget_bytes(bsyms, recompute),
-                                  peak_allowance=peak_allowance, peak_target=self._peak_target())
+                                  peak_allowance=peak_allowance, peak_target=self._peak_target(held))
         stage_ms = dict(res["stage_ms"])
         t = time.perf_counter_ns()
         res = _recompute.emit(res, trace)
@@ -352,21 +356,24 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             "reorder_only": reorder_only,
             "recompute": res.get("recompute"),
             "peak_allowance": peak_allowance or None,
-            "memory_budget": self._budget_info(plan, res.get("recompute")),
+            "memory_budget": self._budget_info(plan, res.get("recompute"), held),
         }
         return new_trace
 
-    def _peak_target(self) -> int:
-        """The planner's peak target: memory_budget's bytes, 0 for "auto" (NOTE [peak target])."""
-        return 0 if self.memory_budget == "auto" else self.memory_budget
+    def _peak_target(self, held: int = 0) -> int:
+        """The planner's peak target: memory_budget's bytes less what the caller holds beside the
+        trace (at least one byte), 0 for "auto" (NOTE [peak target], NOTE [held outputs])."""
+        return 0 if self.memory_budget == "auto" else max(1, self.memory_budget - held)
 
-    def _budget_info(self, plan, rc):
+    def _budget_info(self, plan, rc, held=0):
         """report()'s memory_budget of a trace: None for "auto", else the budget, whether the plan
-        fits it, the planned peak and the bytes the copies write again."""
+        fits it (its planned peak plus what the caller holds beside the trace), the planned peak,
+        those held bytes and the bytes the copies write again."""
         if self.memory_budget == "auto":
             return None
-        return {"bytes": self.memory_budget, "fits": plan["peak_bytes"] <= self.memory_budget,
-                "planned_peak_bytes": plan["peak_bytes"], "copied_bytes": rc["copied_bytes"] if rc else 0}
+        return {"bytes": self.memory_budget, "fits": plan["peak_bytes"] + held <= self.memory_budget,
+                "planned_peak_bytes": plan["peak_bytes"], "held_bytes": held,
+                "copied_bytes": rc["copied_bytes"] if rc else 0}
 
 
 def _warn_over_budget(trace, budget) -> None:
@@ -374,11 +381,13 @@ def _warn_over_budget(trace, budget) -> None:
     if budget is None or budget["fits"]:
         return
     mib = 1 << 20
-    short = budget["planned_peak_bytes"] - budget["bytes"]
+    held = budget.get("held_bytes", 0)
+    short = budget["planned_peak_bytes"] + held - budget["bytes"]
+    beside = f" beside {held / mib:.2f} MiB of outputs the caller holds" if held else ""
     _warn(f"MemFuse(memory_budget={budget['bytes']}): no plan of trace {_trace_name(trace)!r} fits; its lowest "
-          f"peaks at {budget['planned_peak_bytes'] / mib:.2f} MiB, {short / mib:.2f} MiB ({short} bytes) above the "
-          f"budget of {budget['bytes'] / mib:.2f} MiB; that plan is used (a larger recompute= share may let "
-          f"more ops run twice)")
+          f"peaks at {budget['planned_peak_bytes'] / mib:.2f} MiB{beside}, {short / mib:.2f} MiB ({short} bytes) "
+          f"above the budget of {budget['bytes'] / mib:.2f} MiB; that plan is used (a larger recompute= share may "
+          f"let more ops run twice)")
 
 
 def _one_memfuse(cd) -> None:
@@ -499,17 +508,29 @@ def _replace_fusion_executors(cd, remat: bool = True) -> None:
     cd.executors_list = tuple(kept)
 
 
-def _carry_saved(saved):
-    """Hand the forward's saved storages to the backward of the same compilation, which Thunder
+def _carry_saved(saved, held=0):
+    """Hand the forward's saved storages, and the bytes of its outputs the caller holds
+    (_planning.py NOTE [held outputs]), to the backward of the same compilation, which Thunder
     transforms right after it: kept on the compilation's compile data (so two thunder.jit
     functions sharing one MemFuse never see each other's), never on the instance.  Returns what
-    was kept before (None: nothing known; also outside a compilation)."""
+    was kept before, (saved, held) ((None, 0): nothing known; also outside a compilation)."""
     cd = get_compile_data()
     if cd is None:
-        return None
-    before = getattr(cd, "_memfuse_saved", None)
-    cd._memfuse_saved = saved
+        return None, 0
+    before = getattr(cd, "_memfuse_saved", None), getattr(cd, "_memfuse_held", 0)
+    cd._memfuse_saved, cd._memfuse_held = saved, held
     return before
+
+
+def _held_outputs(trace, saved) -> int:
+    """_planning.held_output_bytes of an augmented forward; 0 (with the reason logged) where it
+    cannot tell."""
+    try:
+        return _planning.held_output_bytes(trace, saved)
+    except Exception as e:
+        LOG.warning("memfuse: could not tell which outputs of trace %r the caller holds (%s: %s); "
+                    "memory_budget counts none", _trace_name(trace), type(e).__name__, e)
+        return 0
 
 
 def _forward_saved(trace):

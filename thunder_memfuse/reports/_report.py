@@ -123,7 +123,7 @@ def report(jfn) -> dict:
     regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
     found); pipeline (the planning pipeline's start that won, the recomputation passes it kept, its
     planner calls and work); memory_budget (with MemFuse(memory_budget=...): bytes, fits,
-    planned_peak_bytes, copied_bytes; None otherwise); comm_moves and collectives (per asynchronous collective, its op
+    planned_peak_bytes, held_bytes, copied_bytes; None otherwise); comm_moves and collectives (per asynchronous collective, its op
     position before and after memfuse, and its wait's); plan_ms (the pass's own time); time_ms (that time by stage); replaced_executors;
     compiled_peak_bytes (the peak with each region Inductor compiled counted by the buffers its
     program allocates, _compare.py NOTE [regions in compare]; None before any was compiled);
@@ -196,7 +196,9 @@ def report(jfn) -> dict:
             # the work spent against the trace's budget (NOTE [work budget])
             "pipeline": plan.get("pipeline"),
             # MemFuse(memory_budget=...) (csrc/core/mf_pipeline.c NOTE [peak target]): the budget in bytes,
-            # whether the plan fits it, the planned peak and the bytes copies write again; None for "auto"
+            # whether the plan fits it, the planned peak, the bytes of the forward's outputs the caller
+            # holds beside a backward (integration/_planning.py NOTE [held outputs]) and the bytes
+            # copies write again; None for "auto"
             "memory_budget": info.get("memory_budget"),
         }
     return out
@@ -344,11 +346,13 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
                          f"{rc['peak_bytes'] / 2**20:.2f} MiB")
         mb = r.get("memory_budget")
         if mb:
-            over = mb["planned_peak_bytes"] - mb["bytes"]
+            held = mb.get("held_bytes", 0)
+            over = mb["planned_peak_bytes"] + held - mb["bytes"]
             lines.append(f"    memory budget {mb['bytes'] / 2**20:.2f} MiB: "
                          + ("fits" if mb["fits"] else f"no plan fits, {over / 2**20:.2f} MiB above")
                          + f" (planned peak {mb['planned_peak_bytes'] / 2**20:.2f} MiB, "
-                         f"{mb['copied_bytes'] / 2**20:.2f} MiB written again by recomputation)")
+                         + (f"{held / 2**20:.2f} MiB of outputs held beside it, " if held else "")
+                         + f"{mb['copied_bytes'] / 2**20:.2f} MiB written again by recomputation)")
         pl = r.get("pipeline")
         if pl and (pl["steps"] or pl["start"] != "plan" or pl["budget_hit"]):
             kept = "; ".join(f"{st['kind']}: {st['splits']} {'copy' if st['splits'] == 1 else 'copies'}, "
