@@ -40,8 +40,11 @@ import time
 
 
 def fusion_pass(ex, trace):
+    from .._memo import one_answer_each
+
     try:
-        return _fuse_remat_dissolve(ex, trace)
+        with one_answer_each():  # effects and the alias probe: each bound symbol asked once
+            return _fuse_remat_dissolve(ex, trace)
     except Exception as e:
         from ..errors import warn
 
@@ -213,7 +216,7 @@ def _dissolve(ex, trace):
     from thunder.core.trace import from_trace, tracectx
 
     new = from_trace(trace)
-    taken = _all_names(trace)
+    taken = None  # every name in the trace, made the first time a value is renamed
     defined = set()
     bsyms = []
     with tracectx(new):
@@ -229,6 +232,8 @@ def _dissolve(ex, trace):
                     if o.name in defined and variableify(o) not in swap:
                         if o.name in outputs:
                             raise RuntimeError(f"region output {o.name} is defined twice")
+                        if taken is None:
+                            taken = _all_names(trace)
                         swap[variableify(o)] = o.replace_name(_fresh(o.name, taken))
                 if swap:
                     sb = sb.from_bsym_swap_proxies(swap)
@@ -239,12 +244,15 @@ def _dissolve(ex, trace):
 
 
 def _all_names(trace) -> set:
+    """The trace's names: what it registered, and every output at any depth (a name an op reads is
+    an output of another, or an input the top level unpacks)."""
     names = set(getattr(trace, "names", ()) or ())
     stack = list(trace.bound_symbols)
+    for b in stack:
+        names.update(p.name for p in b.flat_proxy_args)
     while stack:
         b = stack.pop()
         names.update(p.name for p in b.flat_proxy_outs)
-        names.update(p.name for p in b.flat_proxy_args)
         stack.extend(b.subsymbols)
     return names
 
