@@ -85,3 +85,26 @@ def test_a_budget_buys_the_least_recomputation_that_fits_and_never_a_higher_peak
             assert mb["planned_peak_bytes"] <= prev_plan and measured <= prev_measured, (b, budgets)
         prev_plan, prev_measured = mb["planned_peak_bytes"], measured
     assert prev_measured == auto_peak  # below every plan: the lowest, as "auto" plans it
+
+
+def test_held_outputs_are_the_fresh_outputs_neither_inputs_nor_saved():
+    """_planning.held_output_bytes (NOTE [held outputs]): what the caller holds beside the backward is
+    each returned storage the forward made and does not save: not a view of an input (the caller had
+    it already), not a saved tensor (the backward's start counts it)."""
+    from thunder_memfuse.integration import _planning
+
+    def fn(x, w):
+        return x @ w, x.view(-1), torch.exp(x), (x @ w).t()  # exp saves its result; .t() a view of a fresh one
+
+    x = torch.randn(16, 8, requires_grad=True)
+    w = torch.randn(8, 32, requires_grad=True)
+    jf = thunder.jit(fn, transforms=[MemFuse()])
+    out = jf(x, w)
+    sum(o.sum() for o in out).backward()
+    fw = thunder.last_traces(jf)[-1]
+    saved = _planning.saved_storages(fw)
+    held = _planning.held_output_bytes(fw, saved)
+    mm = 16 * 32 * 4
+    names = [o.name for o in fw.output[0]["flat_output"]]
+    assert list(saved) == [names[2]]  # exp's result is saved, so the backward's start counts it
+    assert held == 2 * mm  # the two matmuls' storages (one returned as a transposed view), nothing else
