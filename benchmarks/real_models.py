@@ -8,11 +8,14 @@ MistralForCausalLM, Qwen2ForCausalLM (loss computed inside the model from labels
 (BertModel with a token head) and a vision transformer (ViTModel on 32x32 images of 4x4 patches, 64
 patches whatever --seq, with a class-token head; loss in a wrapper), gpt2 with dropout on
 (random ops), and litgpt.GPT for a Pythia-style and a Llama-3-style Config (loss in a wrapper module,
-so it is inside the jitted function).  Tiny sizes: 2 layers, hidden 128, vocab 1000, fp32.
+so it is inside the jitted function).  Sizes: --layers (2) x --hidden (128), 4 heads, vocab 1000, fp32;
+positions up to max(128, --seq).
 
 Configs: plain, ckpt (activation checkpointing: HF gradient_checkpointing_enable(use_reentrant=False);
 litgpt: torch.utils.checkpoint around each block).
-Modes: eager; thunder = thunder.jit(m); memfuse = thunder.jit(m, transforms=[memfuse]);
+Modes: eager; compile = torch.compile(m); compile-amb0.5 = the same with
+torch._functorch.config.activation_memory_budget = 0.5; thunder = thunder.jit(m); memfuse = thunder.jit(m,
+transforms=[memfuse]);
 tc = thunder.jit(m, executors=["torchcompile"]); tc+memfuse = the same with transforms=[memfuse].
 
 Per row: status (ok / MemFuseWarning / exception / mismatch), max |grad diff| relative to the grad's
@@ -34,9 +37,11 @@ import torch
 import torch.nn.functional as F
 
 MIB = float(1 << 20)
-MODES = ("eager", "thunder", "memfuse", "tc", "tc+memfuse")
-BASE = {"thunder": "eager", "memfuse": "thunder", "tc": "eager", "tc+memfuse": "tc"}
-RTOL = {"thunder": 1e-4, "memfuse": 1e-5, "tc": 1e-3, "tc+memfuse": 1e-3}
+SIZE = {"layers": 2, "hidden": 128, "positions": 128}  # main() sets them from --layers, --hidden, --seq
+MODES = ("eager", "compile", "compile-amb0.5", "thunder", "memfuse", "tc", "tc+memfuse")
+BASE = {"compile": "eager", "compile-amb0.5": "eager", "thunder": "eager", "memfuse": "thunder", "tc": "eager",
+        "tc+memfuse": "tc"}
+RTOL = {"compile": 1e-3, "compile-amb0.5": 1e-3, "thunder": 1e-4, "memfuse": 1e-5, "tc": 1e-3, "tc+memfuse": 1e-3}
 
 
 # ---------------------------------------------------------------- models
@@ -47,14 +52,15 @@ def _hf(kind, ckpt, vocab, dropout=False):
         return _encoder(kind, ckpt, vocab)
     if kind == "gpt2":
         p = 0.1 if dropout else 0.0
-        cfg = T.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128, resid_pdrop=p, embd_pdrop=p,
+        cfg = T.GPT2Config(n_layer=SIZE["layers"], n_embd=SIZE["hidden"], n_head=4, n_positions=SIZE["positions"],
+                           resid_pdrop=p, embd_pdrop=p,
                            attn_pdrop=p, **common)
         m = T.GPT2LMHeadModel(cfg)
     else:
         cls = {"llama": (T.LlamaConfig, T.LlamaForCausalLM), "mistral": (T.MistralConfig, T.MistralForCausalLM),
                "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM)}[kind]
-        cfg = cls[0](hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=128, **common)
+        cfg = cls[0](hidden_size=SIZE["hidden"], intermediate_size=2 * SIZE["hidden"], num_hidden_layers=SIZE["layers"],
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SIZE["positions"], **common)
         m = cls[1](cfg)
     m.train()  # HF checkpointing only runs in training mode; dropout is 0 unless asked for
     if ckpt:
@@ -77,10 +83,11 @@ def _encoder(kind, ckpt, vocab):
     head and the loss in the wrapper: thunder.jit cannot trace their HF task heads here (Thunder's
     interpreter fails on the attribute writes they make in forward)."""
     import transformers as T
-    common = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+    common = dict(hidden_size=SIZE["hidden"], num_hidden_layers=SIZE["layers"], num_attention_heads=4,
+                  intermediate_size=4 * SIZE["hidden"],
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if kind == "bert":
-        m, classes = T.BertModel(T.BertConfig(max_position_embeddings=128, vocab_size=vocab, **common),
+        m, classes = T.BertModel(T.BertConfig(max_position_embeddings=SIZE["positions"], vocab_size=vocab, **common),
                                  add_pooling_layer=False), vocab
     else:
         m, classes = T.ViTModel(T.ViTConfig(image_size=32, patch_size=4, **common), add_pooling_layer=False), 10
@@ -91,7 +98,7 @@ def _encoder(kind, ckpt, vocab):
     class EncoderStep(torch.nn.Module):
         def __init__(self, m):
             super().__init__()
-            self.m, self.head = m, torch.nn.Linear(128, classes)
+            self.m, self.head = m, torch.nn.Linear(SIZE["hidden"], classes)
 
         def forward(self, x, tgt):
             if kind == "vit":
@@ -115,8 +122,8 @@ class _Ckpt(torch.nn.Module):
 
 def _litgpt(name, ckpt, vocab, **over):
     from litgpt import GPT, Config
-    cfg = Config.from_name(name, n_layer=2, n_embd=128, n_head=4, padded_vocab_size=vocab, vocab_size=vocab,
-                           block_size=128, **over)
+    cfg = Config.from_name(name, n_layer=SIZE["layers"], n_embd=SIZE["hidden"], n_head=4, padded_vocab_size=vocab,
+                           vocab_size=vocab, block_size=SIZE["positions"], **over)
     m = GPT(cfg)
     if ckpt:
         m.transformer.h = torch.nn.ModuleList(_Ckpt(b) for b in m.transformer.h)
@@ -143,7 +150,7 @@ MODELS = {
     "qwen2": ("transformers", lambda c, v: _hf("qwen2", c, v)),
     "litgpt-pythia": ("litgpt", lambda c, v: _litgpt("pythia-14m", c, v)),
     "litgpt-llama3": ("litgpt", lambda c, v: _litgpt("Llama-3.2-1B", c, v, n_query_groups=2,
-                                                      intermediate_size=256)),
+                                                      intermediate_size=2 * SIZE["hidden"])),
 }
 
 
@@ -168,6 +175,9 @@ def _hf_executors():
 def _jit(model, mode, pkg):
     if mode == "eager":
         return model
+    if mode.startswith("compile"):  # its activation budget is set around the run (run_one)
+        torch._dynamo.reset()
+        return torch.compile(model)
     import thunder
     from thunder_memfuse import memfuse
     extra = _hf_executors() if pkg == "transformers" else []
@@ -212,8 +222,12 @@ def run_one(name, ckpt, mode, batch, seq, vocab, do_compare=False):
         loss.backward()
         return loss.detach()
 
+    import contextlib
+    from torch._functorch import config as functorch_config
+    amb = float(mode[len("compile-amb"):]) if mode.startswith("compile-amb") else None
     try:
-        with warnings.catch_warnings(record=True) as ws:
+        with warnings.catch_warnings(record=True) as ws, (
+                functorch_config.patch(activation_memory_budget=amb) if amb is not None else contextlib.nullcontext()):
             warnings.simplefilter("always")
             t0 = time.perf_counter()
             jm = _jit(model, mode, MODELS[name][0])
@@ -256,9 +270,12 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=128, help="hidden width (4 heads; MLPs 2x or 4x it)")
     ap.add_argument("--compare", action="store_true", help="also print measure.compare() for memfuse rows")
     ap.add_argument("--traceback", action="store_true")
     a = ap.parse_args(argv)
+    SIZE.update(layers=a.layers, hidden=a.hidden, positions=max(128, a.seq))
     modes = a.modes.split(",")
     for m in modes:  # a memfuse row needs its baseline
         for need in (BASE.get(m),):
@@ -284,7 +301,7 @@ def main(argv=None):
             vers.append(f"{pkg} {version(pkg)}")
         except Exception:  # noqa: BLE001
             pass
-    print(", ".join(vers), f"| batch {a.batch}, seq {a.seq}, vocab {a.vocab}, fp32 CPU")
+    print(", ".join(vers), f"| {a.layers} layers x {a.hidden}, batch {a.batch}, seq {a.seq}, vocab {a.vocab}, fp32 CPU")
     hdr = f"{'model':14} {'config':5} {'mode':11} {'status':10} {'loss d':>8} {'grad d':>8} {'peak MiB':>9} {'w/o MiB':>8} {'first s':>7}"
     print(hdr + "\n" + "-" * len(hdr), flush=True)
     failures, rows = [], []
