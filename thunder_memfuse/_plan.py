@@ -108,8 +108,7 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
                 fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap, recompute=recompute,
-                cheap=cheap, peak_allowance=peak_allowance,
-                peak_target=peak_target)
+                cheap=cheap, peak_allowance=peak_allowance, peak_target=peak_target)
     return Plan(**d)
 
 

@@ -275,8 +275,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         else:  # an inference forward: no backward follows
             _carry_saved(None)
         forward = _step.take_forward(get_compile_data())
-        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable,
-                               held=held if is_backward else 0)
+        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable, held=held)
         _warn_over_budget(trace, new_trace._memfuse_info.get("memory_budget"))
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             _step.keep_forward(get_compile_data(), trace, new_trace)
@@ -381,7 +380,7 @@ def _warn_over_budget(trace, budget) -> None:
     if budget is None or budget["fits"]:
         return
     mib = 1 << 20
-    held = budget.get("held_bytes", 0)
+    held = budget["held_bytes"]
     short = budget["planned_peak_bytes"] + held - budget["bytes"]
     beside = f" beside {held / mib:.2f} MiB of outputs the caller holds" if held else ""
     _warn(f"MemFuse(memory_budget={budget['bytes']}): no plan of trace {_trace_name(trace)!r} fits; its lowest "

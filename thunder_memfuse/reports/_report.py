@@ -346,7 +346,7 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
                          f"{rc['peak_bytes'] / 2**20:.2f} MiB")
         mb = r.get("memory_budget")
         if mb:
-            held = mb.get("held_bytes", 0)
+            held = mb["held_bytes"]
             over = mb["planned_peak_bytes"] + held - mb["bytes"]
             lines.append(f"    memory budget {mb['bytes'] / 2**20:.2f} MiB: "
                          + ("fits" if mb["fits"] else f"no plan fits, {over / 2**20:.2f} MiB above")
