@@ -67,16 +67,47 @@ def _fuse_remat_dissolve(ex, trace):
     out = dce(out)
     if _writes(out.bound_symbols) != _writes(trace.bound_symbols):
         raise RuntimeError("rematerialization moved or copied an in-place write")
-    elapsed_ms = (time.perf_counter_ns() - start) / 1e6
-    out.set_provenance(TraceProvenance(
-        f"memfuse fusion pass: {counter} provisional regions, rematerialized, dissolved "
-        f"(took {int(elapsed_ms)} ms)"))
     from thunder.core.compile_data import get_compile_data
 
     cd = get_compile_data()
+    out, saved_set = _saved_set_within_budget(cd, out)  # _saved_set.py NOTE [the saved set]
+    elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+    out.set_provenance(TraceProvenance(
+        f"memfuse fusion pass: {counter} provisional regions, rematerialized, dissolved"
+        f"{_rebuilt_note(saved_set)} (took {int(elapsed_ms)} ms)"))
     if cd is not None:  # the forward's report counts it (transform.py stage_ms)
         cd._memfuse_fusion_pass_ms = elapsed_ms
+        cd._memfuse_saved_set = saved_set
     return out
+
+
+def _saved_set_within_budget(cd, joint):
+    """(joint, what _saved_set.choose did, or None): where this compilation's MemFuse has a
+    memory_budget in bytes and the trace is a joint forward-backward one, the saved set that
+    fits it.  A failure keeps the joint trace (a MemFuseWarning; MemFuseError with strict)."""
+    from . import _saved_set
+    from .transform import MemFuse
+
+    ours = [t for t in (getattr(cd, "transforms", None) or ()) if isinstance(t, MemFuse)]
+    if not ours or ours[0].memory_budget == "auto" or not _saved_set.is_joint(joint):
+        return joint, None
+    try:
+        return _saved_set.choose(joint, ours[0]._step_fits)
+    except Exception as e:
+        if ours[0].strict:
+            from ..errors import MemFuseError
+
+            raise MemFuseError(f"memfuse could not choose the saved set: {e}") from e
+        from ..errors import warn
+
+        warn(f"memfuse kept Thunder's saved set: {type(e).__name__}: {e}")
+        return joint, None
+
+
+def _rebuilt_note(info) -> str:
+    if not info or not info["rebuilt"]:
+        return ""
+    return f", {len(info['rebuilt'])} saved tensors rebuilt in the backward"
 
 
 def provisional_regions(ex, trace):

@@ -294,19 +294,12 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         trace that memory_budget counts (_planning.py NOTE [held outputs])."""
         start = time.perf_counter_ns()
         bsyms = list(trace.bound_symbols)
-        compiler = self._compiler_for(bsyms)
+        res, compiler, fuse = self._planned(bsyms, freeable=freeable, peak_allowance=peak_allowance,
+                                            recompute=recompute, held=held)
         comp = regions.compiler(compiler)
-        fuse = self._fuses(bsyms, compiler)
         # no regions by design (fuse=False, or regions.reorder_only), not for want of a compiler
         reorder_only = not fuse and (self.fuse is False or regions.reorder_only(
             self.kernels, cuda=_has_cuda_tensors(bsyms), compiling_peer=_compiling_peer()))
-        recompute = self.recompute if recompute is None else recompute
-        res = _planning.plan_trace(bsyms, max_states=self.max_states, fuse=fuse,
-                                  freeable=freeable, fusible=self._fusible_for(bsyms),
-                                  epilogue_role=comp.epilogue_role,
-                                  comm_overlap=self.comm_overlap,
-                                  recompute=_recompute.budget_bytes(bsyms, recompute),
-                                  peak_allowance=peak_allowance, peak_target=self._peak_target(held))
         stage_ms = dict(res["stage_ms"])
         t = time.perf_counter_ns()
         res = _recompute.emit(res, trace)
@@ -356,8 +349,42 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             "recompute": res.get("recompute"),
             "peak_allowance": peak_allowance or None,
             "memory_budget": self._budget_info(plan, res.get("recompute"), held),
+            # what the joint trace's fusion pass did to the saved set (_saved_set.py NOTE [the saved set])
+            "saved_set": (getattr(get_compile_data(), "_memfuse_saved_set", None)
+                          if TraceTag.AUGMENTED_FORWARD in trace.tags else None),
         }
         return new_trace
+
+    def _planned(self, bsyms, *, freeable, peak_allowance=0, recompute=None, held=0):
+        """(_planning.plan_trace's result for bsyms under this instance's options, the region
+        compiler's name, whether regions are formed)."""
+        compiler = self._compiler_for(bsyms)
+        comp = regions.compiler(compiler)
+        fuse = self._fuses(bsyms, compiler)
+        recompute = self.recompute if recompute is None else recompute
+        res = _planning.plan_trace(bsyms, max_states=self.max_states, fuse=fuse,
+                                   freeable=freeable, fusible=self._fusible_for(bsyms),
+                                   epilogue_role=comp.epilogue_role,
+                                   comm_overlap=self.comm_overlap,
+                                   recompute=_recompute.budget_bytes(bsyms, recompute),
+                                   peak_allowance=peak_allowance, peak_target=self._peak_target(held))
+        return res, compiler, fuse
+
+    def _step_fits(self, joint):
+        """(fits memory_budget, planned step peak, the forward's saved storages) of a joint
+        forward-backward trace split as Thunder splits it (_saved_set.py NOTE [the saved set]):
+        the step's peak is the larger of the forward's planned peak and the backward's plus the
+        outputs the caller holds beside it."""
+        from thunder.transforms.autodiff import split_into_forward_and_backward
+
+        fw, bw = split_into_forward_and_backward(joint)
+        saved = _planning.saved_storages(fw)
+        held = _planning.held_output_bytes(fw, saved)
+        f = self._planned(list(fw.bound_symbols), freeable=None)[0]["plan"]["peak_bytes"]
+        b = self._planned(list(bw.bound_symbols), freeable=_planning.backward_freeable(saved, bw),
+                          held=held)[0]["plan"]["peak_bytes"]
+        peak = max(f, b + held)
+        return peak <= self.memory_budget, peak, saved
 
     def _peak_target(self, held: int = 0) -> int:
         """The planner's peak target: memory_budget's bytes less what the caller holds beside the

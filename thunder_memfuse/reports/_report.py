@@ -123,7 +123,9 @@ def report(jfn) -> dict:
     regions); ops; optimal, method, states, fusion_moves, hoists (how the order was
     found); pipeline (the planning pipeline's start that won, the recomputation passes it kept, its
     planner calls and work); memory_budget (with MemFuse(memory_budget=...): bytes, fits,
-    planned_peak_bytes, held_bytes, copied_bytes; None otherwise); comm_moves and collectives (per asynchronous collective, its op
+    planned_peak_bytes, held_bytes, copied_bytes; None otherwise); saved_set (a forward's saved tensors
+    rebuilt in the backward within memory_budget: rebuilt, rebuilt_bytes, extra_work,
+    first_peak_bytes, planned_step_peak_bytes, fits, candidates; None otherwise); comm_moves and collectives (per asynchronous collective, its op
     position before and after memfuse, and its wait's); plan_ms (the pass's own time); time_ms (that time by stage); replaced_executors;
     compiled_peak_bytes (the peak with each region Inductor compiled counted by the buffers its
     program allocates, _compare.py NOTE [regions in compare]; None before any was compiled);
@@ -200,6 +202,10 @@ def report(jfn) -> dict:
             # holds beside a backward (integration/_planning.py NOTE [held outputs]) and the bytes
             # copies write again; None for "auto"
             "memory_budget": info.get("memory_budget"),
+            # integration/_saved_set.py NOTE [the saved set]: on a forward with a memory_budget, the saved
+            # tensors rebuilt in the backward, the bytes that frees, the work they cost, the planned step
+            # peak before and after; None otherwise
+            "saved_set": info.get("saved_set"),
         }
     return out
 
@@ -353,6 +359,14 @@ def format_report(rep, *, explain: bool = True, savings=None) -> str:
                          + f" (planned peak {mb['planned_peak_bytes'] / 2**20:.2f} MiB, "
                          + (f"{held / 2**20:.2f} MiB of outputs held beside it, " if held else "")
                          + f"{mb['copied_bytes'] / 2**20:.2f} MiB written again by recomputation)")
+        ss = r.get("saved_set")
+        if ss and ss["rebuilt"]:
+            names = ss["rebuilt"]
+            lines.append(f"    saved set: {len(names)} saved {'tensor' if len(names) == 1 else 'tensors'} "
+                         f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}) rebuilt in the backward, "
+                         f"{ss['rebuilt_bytes'] / 2**20:.2f} MiB saved less for {ss['extra_work']:.3g} more "
+                         f"element operations: planned step peak {ss['first_peak_bytes'] / 2**20:.2f} -> "
+                         f"{ss['planned_step_peak_bytes'] / 2**20:.2f} MiB")
         pl = r.get("pipeline")
         if pl and (pl["steps"] or pl["start"] != "plan" or pl["budget_hit"]):
             kept = "; ".join(f"{st['kind']}: {st['splits']} {'copy' if st['splits'] == 1 else 'copies'}, "
