@@ -157,7 +157,21 @@ class Outcome:
     detail: str = ""
 
 
-def check(p: Program, executors=None) -> Outcome:
+# MemFuse(memory_budget=) below every plan: the lowest plan is used with a warning, which the fuzzer
+# allows (every other MemFuseWarning is an error); a forward that rebuilt saved tensors in the
+# backward (integration/_saved_set.py NOTE [the saved set]) says so in its outcome's detail
+OVER_BUDGET = r"MemFuse\(memory_budget="
+
+
+def rebuilt_detail(jm) -> str:
+    import thunder
+
+    n = max((len(((getattr(t, "_memfuse_info", None) or {}).get("saved_set") or {}).get("rebuilt", ()))
+             for t in thunder.last_traces(jm)), default=0)
+    return f"rebuilt {n}" if n else ""
+
+
+def check(p: Program, executors=None, memory_budget="auto") -> Outcome:
     import thunder
 
     from thunder_memfuse import MemFuse, MemFuseWarning
@@ -175,10 +189,11 @@ def check(p: Program, executors=None) -> Outcome:
         return Outcome("skip", f"plain Thunder: {type(e).__name__}: {str(e)[:80]}")
     if not _close(plain, ref, exact=False):
         return Outcome("skip", "plain Thunder disagrees with eager")
-    jm = thunder.jit(p.fn, transforms=[MemFuse(strict=True)], **kw)
+    jm = thunder.jit(p.fn, transforms=[MemFuse(strict=True, memory_budget=memory_budget)], **kw)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", MemFuseWarning)
+            warnings.filterwarnings("ignore", OVER_BUDGET, MemFuseWarning)
             ours = _run(jm, p)
     except Exception as e:
         return Outcome("error", f"{type(e).__name__}: {str(e)[:300]}")
@@ -188,12 +203,13 @@ def check(p: Program, executors=None) -> Outcome:
     for kind, getter in (("forward", thunder.last_traces), ("backward", thunder.last_backward_traces)):
         if kind in kinds and not any(getattr(t, "_memfuse_info", None) for t in getter(jm)):
             return Outcome("unplanned", f"memfuse did not plan the {kind} trace")
-    return Outcome("ok")
+    return Outcome("ok", rebuilt_detail(jm))
 
 
-def fuzz(seeds, *, seconds=None, executors=None, log=None, family="plain"):
+def fuzz(seeds, *, seconds=None, executors=None, log=None, family="plain", memory_budget="auto"):
     """Check programs of the given seeds until done or `seconds` pass; {status: [(seed, detail)]}.
-    family: "plain" (make_program), "stateful" or "recompute" (fuzz_stateful.py)."""
+    family: "plain" (make_program), "stateful" or "recompute" (fuzz_stateful.py); memory_budget:
+    MemFuse's."""
     import fuzz_stateful
 
     make, chk = {"plain": (make_program, check), "stateful": (fuzz_stateful.make_stateful, fuzz_stateful.check),
@@ -204,7 +220,7 @@ def fuzz(seeds, *, seconds=None, executors=None, log=None, family="plain"):
         if seconds is not None and time.monotonic() - t0 > seconds:
             break
         p = make(s)
-        o = chk(p, executors)
+        o = chk(p, executors, memory_budget)
         out.setdefault(o.status, []).append((s, o.detail))
         if log and o.status not in ("ok", "skip"):
             log(f"seed {s}: {o.status}: {o.detail}\n    {p.describe()}")
@@ -218,9 +234,10 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--executors", nargs="*", default=None, help="e.g. torchcompile")
     ap.add_argument("--family", choices=("plain", "stateful", "recompute"), default="plain")
+    ap.add_argument("--memory-budget", type=int, default=None, help="MemFuse(memory_budget=) in bytes")
     a = ap.parse_args(argv)
     res = fuzz(range(a.first_seed, a.first_seed + a.programs), seconds=a.seconds, executors=a.executors,
-               log=lambda m: print(m, flush=True), family=a.family)
+               log=lambda m: print(m, flush=True), family=a.family, memory_budget=a.memory_budget or "auto")
     print({k: len(v) for k, v in res.items()})
     if a.family == "recompute":
         import fuzz_stateful

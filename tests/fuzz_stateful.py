@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fuzz_programs import Outcome, _close
+from fuzz_programs import OVER_BUDGET, Outcome, _close, rebuilt_detail
 
 N = 6
 ROWS = 4
@@ -181,7 +181,7 @@ def _run(p: StepProgram, jit=None):
     return _inference(p, call), (None if jit is None else call)
 
 
-def check(p: StepProgram, executors=None) -> Outcome:
+def check(p: StepProgram, executors=None, memory_budget="auto") -> Outcome:
     import thunder
 
     from thunder_memfuse import MemFuse, MemFuseWarning
@@ -209,7 +209,9 @@ def check(p: StepProgram, executors=None) -> Outcome:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", MemFuseWarning)
-            ours, jm = _run(p, lambda f: thunder.jit(f, transforms=[MemFuse(strict=True, **p.options)], **kw))
+            warnings.filterwarnings("ignore", OVER_BUDGET, MemFuseWarning)
+            ours, jm = _run(p, lambda f: thunder.jit(f, transforms=[MemFuse(
+                strict=True, **{"memory_budget": memory_budget, **p.options})], **kw))
     except Exception as e:
         if f"{type(e).__name__}: {e}" in cannot:  # Thunder's own limit, not memfuse's
             return Outcome("skip", f"Thunder cannot run it: {type(e).__name__}: {str(e)[:80]}")
@@ -225,7 +227,7 @@ def check(p: StepProgram, executors=None) -> Outcome:
         return Outcome("mismatch", f"the backward writes into its inputs: {w}")
     if p.family == "recompute":
         return _recompute_outcome(fw[-1], thunder.last_traces(jm))
-    return Outcome("ok")
+    return Outcome("ok", rebuilt_detail(jm))
 
 
 def _flat(trace):
