@@ -145,6 +145,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budgets", help="activation_memory_budget values: torch.compile at each, then torchcompile + "
                                           "memfuse with memory_budget at each of those peaks")
+    ap.add_argument("--memfuse-mib", help="with --budgets: also torchcompile + memfuse at these budgets (MiB)")
     ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "CONFIG", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
@@ -206,6 +207,9 @@ def _budget_sweep(a, name, cfg):
         if m:
             print(f"    vs compile-amb{amb}: peak {m['peak_mib'] / r['peak_mib']:.2f}x, "
                   f"step {m['step_ms'] / r['step_ms']:.2f}x", flush=True)
+    for mib in (a.memfuse_mib.split(",") if a.memfuse_mib else ()):
+        v = f"tc+memfuse@{float(mib):.1f}"
+        _row(v, _run(a, name, cfg, v), ref)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,10 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             (parameters, the batch, optimizer state), a backward's saved activations included;
             a training step fits where its forward and backward both do.  Where no plan fits,
             the lowest one, with a MemFuseWarning that names the shortfall.  The copies stay
-            within what `recompute` allows.
+            within what `recompute` allows.  Where memfuse is the fusion pass and the step's
+            planned peak is above the budget, fewer activations are saved: saved tensors are
+            rebuilt in the backward, the least work per freed byte first
+            (integration/_saved_set.py NOTE [the saved set]).
 
     The instance holds these options only.  What it learns about a compilation
     is stored on that compilation's compile data (the forward's saved
