@@ -7,6 +7,9 @@ Workloads (issue 33's):
   GELU MLP), d 256, 4 heads, 2 layers, batch 2 x 1024 (2048) tokens.
 - llama1024: the Llama-style decoder of benchmarks/workloads.py, n_embd 1024, 8 heads, 2 layers, seq 512,
   batch 2.
+A workload named with "+loss" (prelm1024+loss) computes the cross-entropy inside the compiled module,
+so every compiler, and memfuse's memory_budget, sees the whole step (without it the loss runs outside
+the compiled function, beside the saved activations, where no compiler's plan counts it).
 Variants: eager; torch.compile (compile; compile-ambX: with torch._functorch.config.activation_memory_budget
 X, e.g. compile-amb0.5); thunder (thunder.jit); tc (executors=["torchcompile"]); memfuse (transforms=[memfuse]);
 tc+memfuse; tc+memfuse@M: the same with MemFuse(memory_budget=M MiB).
@@ -74,9 +77,25 @@ class PreLM(nn.Module):
         return self.head(self.ln(x))
 
 
+class WithLoss(nn.Module):
+    """The model and its cross-entropy in one module: the loss inside the compiled function."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, targets):
+        out = self.model(idx)
+        logits = out[0] if isinstance(out, tuple) else out
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def build(name, ckpt):
     import workloads
 
+    if name.endswith("+loss"):
+        model, idx, targets = build(name[:-len("+loss")], ckpt)
+        return WithLoss(model), idx, targets
     torch.manual_seed(0)
     if name.startswith("prelm"):
         seq = int(name[len("prelm"):])
@@ -122,6 +141,10 @@ def one(name, ckpt, variant, rounds):
     def step():
         for p in model.parameters():
             p.grad = None
+        if isinstance(model, WithLoss):
+            loss = fn(idx, targets)
+            loss.backward()
+            return loss
         return training_step(fn, idx, targets)
 
     t0 = time.perf_counter()

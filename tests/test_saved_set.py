@@ -89,6 +89,8 @@ def test_a_tight_budget_rebuilds_saved_matmul_outputs_and_lowers_the_measured_pe
     assert ss["planned_step_peak_bytes"] < ss["first_peak_bytes"]
     assert tight["backward"]["start_bytes"] < auto["backward"]["start_bytes"]  # less saved for the backward
     assert tight_peak < auto_peak, (tight_peak, auto_peak)
+    # the search's time is its own stage of the forward's, beside the fusion pass it ran in
+    assert tight["forward"]["time_ms"]["saved set"] > 0 and "saved set" not in auto["forward"]["time_ms"]
     _close(got, ref)
     _close(got_auto, ref)
     text = tm.format_report(tight)

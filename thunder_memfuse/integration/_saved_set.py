@@ -157,6 +157,8 @@ def candidates(joint, saved: dict):
                 producer.setdefault(o.name, b)
     read = {a.name for i in backward for a in joint.bound_symbols[i].flat_proxy_args if isinstance(a, TensorProxy)}
     available = (read & fw_names) | _inputs(joint)
+    if not set(saved) <= available:  # _parts no longer splits as Thunder's split does
+        raise RuntimeError(f"saved tensors {sorted(set(saved) - available)[:4]} are not read by the backward part")
     pinned = pinned_ops(joint.bound_symbols)
     groups = {}
     for name, (root, nbytes) in saved.items():

@@ -88,8 +88,9 @@ def regroup_forward(fw: Forward, backward_peak: int, replan, *, strict: bool = F
     if "stage_ms" in first and "stage_ms" in info:  # both plans of the forward, stage by stage
         info["stage_ms"] = {k: info["stage_ms"].get(k, 0.0) + first["stage_ms"].get(k, 0.0)
                             for k in {**first["stage_ms"], **info["stage_ms"]}}
-        if "fusion pass" in first["stage_ms"]:  # the joint trace's pass ran once; each plan reads its time
-            info["stage_ms"]["fusion pass"] = first["stage_ms"]["fusion pass"]
+        for once in ("fusion pass", "saved set"):  # the joint trace's pass ran once; each plan reads its time
+            if once in first["stage_ms"]:
+                info["stage_ms"][once] = first["stage_ms"][once]
     info["regions_without_allowance"] = first["regions_after"]
     fw.returned.bound_symbols = new.bound_symbols
     fw.returned._memfuse_info = info

@@ -324,6 +324,9 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             fusion_ms = getattr(get_compile_data(), "_memfuse_fusion_pass_ms", None)
             if fusion_ms is not None:  # the joint trace's fusion pass, before the split (fusion_pass.py)
                 stage_ms["fusion pass"] = fusion_ms
+            saved_ms = getattr(get_compile_data(), "_memfuse_saved_set_ms", None)
+            if saved_ms is not None:  # the saved set chosen within memory_budget (_saved_set.py)
+                stage_ms["saved set"] = saved_ms
         _log_plan(trace, is_backward, plan, "reorder-only" if reorder_only else compiler, n_regions, res["groups"],
                   elapsed_ms)
         new_trace.set_provenance(

@@ -179,7 +179,8 @@ def report(jfn) -> dict:
             "plan_ms": info["time_ms"],
             # memfuse's own time on this trace by stage: reading (the op records and the graph), planning
             # (the order, regions and recomputation's passes), regrouping (bound symbols into regions), and,
-            # on a forward, the joint trace's fusion pass where memfuse ran it (fusion_pass.py)
+            # on a forward, the joint trace's fusion pass where memfuse ran it (fusion_pass.py) and, within a
+            # memory_budget, its choice of the saved set (_saved_set.py)
             "time_ms": {k: round(v, 3) for k, v in info.get("stage_ms", {}).items()},
             "replaced_executors": info.get("replaced_executors", []),
             # regions.reorder_only: no regions by design is not a compiler that failed
