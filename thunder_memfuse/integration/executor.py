@@ -12,6 +12,8 @@ thunder_memfuse/integration/fusion_pass.py).
 """
 from __future__ import annotations
 
+import warnings
+
 
 from thunder.core.symbol import Symbol
 from thunder.extend import FusionExecutor, register_executor
@@ -30,9 +32,20 @@ def make_region_callable(group, compiler):
     regions.base.RegionCompiler) on its first call, with the op-by-op fallback behind it; a
     compiler that compiles no regions: the fallback alone."""
     name = group.name
-    fallback = _fallback_callable(group)
     if not compiler.compiles_regions:
-        return fallback
+        return _fallback_callable(group)
+    built = []
+
+    def fallback(*args):
+        # built at its first use: most compiled regions never need it, and building one (a trace
+        # printed and exec'd) is a share of the first call's time
+        if not built:
+            # Thunder's own deprecation notices while it prints the trace (torch API it calls) belong
+            # to compile time, where a user never saw them; at run time they are not the user's
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                built.append(_fallback_callable(group))
+        return built[0](*args)
 
     def build():
         return compiler.build(group)

@@ -23,7 +23,6 @@ from thunder.core.trace import TraceProvenance, TraceTag, from_trace
 from thunder.core.transform_common import Transform
 from thunder.core import utils as tutils
 from thunder.executors.passes import del_last_used
-from thunder.executors.utils import Region
 from thunder.core.proxies import unvariableify
 
 from .. import _C, _options, _symbols, regions
@@ -31,6 +30,7 @@ from . import _misuse, _planning, _recompute, _step, attention
 from .._options import LOG
 from ..errors import MemFuseError, warn as _warn
 from .executor import make_region_callable, memfuse_ex, region_symbol
+from .fusion_pass import _Region
 
 # NOTE [replacing the fusion pass]: memfuse is a drop-in replacement for Thunder's
 # fusion pass, not a post-processor of it.  nvFuser (Thunder's default fusion
@@ -455,7 +455,7 @@ def regroup_trace(trace, groups, *, compiler, is_backward, name_prefix="MemFuse"
     group stays as it is (unless compiler.region_of_one(bsym) says it runs as a
     region of its own, regions/nvrtc NOTE [gemm regions]: regions.region_kind), any
     other becomes one fusion bound symbol of that kind built by `compiler`, a
-    regions.base.RegionCompiler (inputs and outputs from Thunder's Region); dels and
+    regions.base.RegionCompiler (inputs and outputs as Thunder's Region gives them); dels and
     collection clears are placed by Thunder's del_last_used.  Returns (trace, number
     of fusion regions made).  A group of views only stays unfused: it allocates
     nothing, and a compiled region would only add a call."""
@@ -469,7 +469,7 @@ def regroup_trace(trace, groups, *, compiler, is_backward, name_prefix="MemFuse"
         if kind is None or _views_only(group):
             new_bsyms.extend(group)
             continue
-        region = Region(producers, consumers, list(group))
+        region = _Region(producers, consumers, list(group))  # Region's inputs/outputs, in linear time
         inputs = sorted((unvariableify(x) for x in region.inputs), key=lambda p: p.name)
         outputs = sorted((unvariableify(x) for x in region.outputs), key=lambda p: p.name)
         name = f"{name_prefix}{n_regions}"
