@@ -21,6 +21,8 @@ tc+memfuse-min = the same with MemFuse(memory_budget=1): no plan fits, so each t
 memfuse finds and the forward saves fewer activations where that plans lower (its "no plan fits"
 warning is expected and not counted).
 
+Each row runs in a process of its own (--same-process: all in this one, quicker, but a later row's
+peak can then see what earlier rows left behind).
 Per row: status (ok / MemFuseWarning / exception / mismatch), max |grad diff| relative to the grad's
 max (and loss diff) against Thunder with the same executors (thunder for eager, memfuse;
 tc for tc+memfuse; dropout rows compare under one seed), the measured peak of the second step
@@ -254,7 +256,7 @@ def run_one(name, ckpt, mode, batch, seq, vocab, do_compare=False):
         res["tb"] = traceback.format_exc()
     finally:
         logging.getLogger("thunder_memfuse").removeHandler(log)
-    res["logs"] = log.msgs
+    res["logs"] = [m for m in log.msgs if not (mode == "tc+memfuse-min" and m.startswith(OVER_BUDGET))]
     return res
 
 
@@ -270,6 +272,27 @@ def _diff(a, b):
     return ld, gd
 
 
+def _in_process_of_its_own(argv):
+    """run_one's stand-in that runs each row in a fresh process (this script with --one), so no row's
+    peak or first call depends on what ran before it in the same interpreter."""
+    import os
+    import subprocess
+    import tempfile
+
+    def run(name, ckpt, mode, batch, seq, vocab, do_compare=False):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "row.pt")
+            p = subprocess.run([sys.executable, __file__, *argv, "--one", name, "ckpt" if ckpt else "plain", mode, out],
+                               capture_output=True, text=True)
+            if p.returncode == 0 and os.path.exists(out):
+                return torch.load(out, weights_only=False)
+        err = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"warnings": [], "logs": [], "error": f"row process failed: {err[:200]}", "peak": None, "loss": None,
+                "grads": None, "cmp": None}
+
+    return run
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(MODELS))
@@ -282,8 +305,16 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=128, help="hidden width (4 heads; MLPs 2x or 4x it)")
     ap.add_argument("--compare", action="store_true", help="also print measure.compare() for memfuse rows")
     ap.add_argument("--traceback", action="store_true")
+    ap.add_argument("--same-process", action="store_true",
+                    help="run every row in this process (quicker; later rows' peaks can see earlier rows' state)")
+    ap.add_argument("--one", nargs=4, metavar=("MODEL", "CONFIG", "MODE", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     SIZE.update(layers=a.layers, hidden=a.hidden, positions=max(128, a.seq))
+    if a.one:
+        n, cfg, mode, out = a.one
+        torch.save(run_one(n, cfg == "ckpt", mode, a.batch, a.seq, a.vocab, a.compare), out)
+        return 0
+    run = run_one if a.same_process else _in_process_of_its_own(argv if argv is not None else sys.argv[1:])
     modes = a.modes.split(",")
     for m in modes:  # a memfuse row needs its baseline
         for need in (BASE.get(m),):
@@ -317,7 +348,7 @@ def main(argv=None):
         for cfg in a.configs.split(","):
             got = {}
             for mode in modes:
-                r = got[mode] = run_one(n, cfg == "ckpt", mode, a.batch, a.seq, a.vocab, a.compare)
+                r = got[mode] = run(n, cfg == "ckpt", mode, a.batch, a.seq, a.vocab, a.compare)
                 base = got.get(BASE.get(mode))
                 if base is not None and base["grads"] is None:  # baseline failed: against eager instead
                     base = got.get("eager")
@@ -354,7 +385,7 @@ def main(argv=None):
             if r["error"]:
                 print(f"    error: {r['error']}")
                 if a.traceback:
-                    print("    " + r["tb"].replace("\n", "\n    "))
+                    print("    " + r.get("tb", "").replace("\n", "\n    "))
             if status == "MISMATCH":
                 print(f"    loss rel diff {ld:.2e}, grad rel diff {gd:.2e} (tolerance {RTOL[mode]:g})")
     up = [r for r in rows if r[6] is not None and r[7] is not None and r[6] > r[7] * 1.001]

@@ -24,11 +24,25 @@ import sys
 def _cpu_allocation_events(fn, args, kwargs):
     """(sorted [(time ns, signed bytes)], result): the profiler's CPU allocation
     events of one call (a free carries a negative size)."""
+    import gc
+
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn(*args, **kwargs)
+    # NOTE [garbage outside the call]: a free the call's events show of a tensor made before the call
+    # lowers the count below the call's start.  The cyclic collector, run within the call, frees
+    # whatever garbage earlier code left (a previous compilation's traces and their tensors), at a
+    # time no program decides, so the same call measured lower after other work.  So the garbage is
+    # collected before the profiler starts, and the collector waits until the call is done.
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn(*args, **kwargs)
+    finally:
+        if was:
+            gc.enable()
     sizes = []
 
     def walk(node):
