@@ -15,7 +15,7 @@ from thunder_memfuse import MemFuse
 from thunder_memfuse.errors import MemFuseWarning
 from thunder_memfuse.measure import cpu_peak_bytes
 
-from models import module_step
+from models import checkpointed_mlp, module_step
 
 pytestmark = pytest.mark.skipif(not tm.regions.compiles("torchcompile", False),
                                 reason="needs torch.compile (a C++ compiler) for memfuse's fusion pass")
@@ -134,7 +134,8 @@ def test_in_place_buffer_updates_and_random_ops_are_never_copied():
     torch.testing.assert_close(avg_a, avg_b)
 
 
-def test_candidates_only_shrink_the_saved_set():
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_candidates_only_shrink_the_saved_set(checkpointed):
     """Every rebuilt chain reads what stays saved or the step's inputs: the split of the rebuilt
     joint trace saves a subset of the activations the first one saved (parameters a rebuilt matmul
     reads join the saved tuple, but they are the caller's, not activations)."""
@@ -155,9 +156,12 @@ def test_candidates_only_shrink_the_saved_set():
 
     _saved_set.choose = spy
     try:
-        _run(_model(), torch.randn(512, 64), 1)
+        _run(checkpointed_mlp(d=64, layers=3) if checkpointed else _model(), torch.randn(512, 64), 1)
     finally:
         _saved_set.choose = real
+    assert seen["after"] <= seen["before"]  # never more saved, checkpointed blocks' inputs included
+    if checkpointed:  # the saved set is the blocks' inputs: rebuilding one would run a block again
+        return
     assert seen["info"]["rebuilt"]
     assert seen["after"] < seen["before"]
     assert not set(seen["info"]["rebuilt"]) & seen["after"]

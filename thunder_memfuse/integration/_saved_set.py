@@ -77,6 +77,23 @@ def _parts(joint):
     return fw_names, backward
 
 
+def _producers(joint, fw_names) -> dict:
+    """{forward name: the bound symbol of the joint trace that makes it}."""
+    producer = {}
+    for b in joint.bound_symbols:
+        for o in b.flat_proxy_outs:
+            if o.name in fw_names:
+                producer.setdefault(o.name, b)
+    return producer
+
+
+def _read_by(joint, indices) -> set:
+    """The tensor names the bound symbols at `indices` read."""
+    from thunder.core.proxies import TensorProxy
+
+    return {a.name for i in indices for a in joint.bound_symbols[i].flat_proxy_args if isinstance(a, TensorProxy)}
+
+
 def _inputs(joint) -> set:
     from thunder.core.proxies import Proxy
 
@@ -145,17 +162,11 @@ class Candidate:
 def candidates(joint, saved: dict):
     """The saved storages that can be rebuilt in the backward, cheapest work per byte first.
     saved: _planning.saved_storages of the joint trace's split forward."""
-    from thunder.core.proxies import TensorProxy
-
     from .fusion_pass import pinned_ops
 
     fw_names, backward = _parts(joint)
-    producer = {}
-    for b in joint.bound_symbols:
-        for o in b.flat_proxy_outs:
-            if o.name in fw_names:
-                producer.setdefault(o.name, b)
-    read = {a.name for i in backward for a in joint.bound_symbols[i].flat_proxy_args if isinstance(a, TensorProxy)}
+    producer = _producers(joint, fw_names)
+    read = _read_by(joint, backward)
     available = (read & fw_names) | _inputs(joint)
     if not set(saved) <= available:  # _parts no longer splits as Thunder's split does
         raise RuntimeError(f"saved tensors {sorted(set(saved) - available)[:4]} are not read by the backward part")
@@ -186,13 +197,9 @@ def rebuilt(joint, names):
     if not names:
         return joint
     fw_names, backward = _parts(joint)
-    producer = {}
-    for b in joint.bound_symbols:
-        for o in b.flat_proxy_outs:
-            if o.name in fw_names:
-                producer.setdefault(o.name, b)
+    producer = _producers(joint, fw_names)
     backward_set = set(backward)
-    read = {a.name for i in backward for a in joint.bound_symbols[i].flat_proxy_args if isinstance(a, TensorProxy)}
+    read = _read_by(joint, backward)
     available = ((read & fw_names) | _inputs(joint)) - names
     taken = _all_names(joint)
     swap = {}  # variableified forward proxy -> its copy's
