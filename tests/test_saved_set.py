@@ -146,8 +146,8 @@ def test_candidates_only_shrink_the_saved_set(checkpointed):
     seen = {}
     real = _saved_set.choose
 
-    def spy(joint, evaluate):
-        t, info = real(joint, evaluate)
+    def spy(joint, evaluate, **kw):
+        t, info = real(joint, evaluate, **kw)
         if get_compile_data() is not None:
             before = set(_planning.saved_storages(split_into_forward_and_backward(joint)[0]))
             after = set(_planning.saved_storages(split_into_forward_and_backward(t)[0]))

@@ -159,11 +159,10 @@ class Candidate:
         self.names, self.bytes, self.work = names, nbytes, work
 
 
-def candidates(joint, saved: dict):
+def candidates(joint, saved: dict, pinned_ops):
     """The saved storages that can be rebuilt in the backward, cheapest work per byte first.
-    saved: _planning.saved_storages of the joint trace's split forward."""
-    from .fusion_pass import pinned_ops
-
+    saved: _planning.saved_storages of the joint trace's split forward; pinned_ops(bsyms): the ids
+    of the ops never to copy (fusion_pass.py NOTE [writes stay put])."""
     fw_names, backward = _parts(joint)
     producer = _producers(joint, fw_names)
     read = _read_by(joint, backward)
@@ -185,13 +184,12 @@ def candidates(joint, saved: dict):
     return out
 
 
-def rebuilt(joint, names):
+def rebuilt(joint, names, all_names, fresh):
     """The joint trace with the saved `names` rebuilt in the backward (NOTE [the saved set]):
-    each backward op reading one reads a copy made right before it, under a fresh name."""
+    each backward op reading one reads a copy made right before it, under a fresh name
+    (all_names(trace): its names; fresh(name, taken): a new one, fusion_pass.py's)."""
     from thunder.core.proxies import Proxy, TensorProxy, variableify
     from thunder.core.trace import from_trace, tracectx
-
-    from .fusion_pass import _all_names, _fresh
 
     names = set(names)
     if not names:
@@ -201,7 +199,7 @@ def rebuilt(joint, names):
     backward_set = set(backward)
     read = _read_by(joint, backward)
     available = ((read & fw_names) | _inputs(joint)) - names
-    taken = _all_names(joint)
+    taken = all_names(joint)
     swap = {}  # variableified forward proxy -> its copy's
     copied = set()
     new = from_trace(joint)
@@ -216,7 +214,7 @@ def rebuilt(joint, names):
                 emit(producer[a.name])
         for o in b.flat_proxy_outs:
             if isinstance(o, Proxy):
-                swap[variableify(o)] = o.replace_name(_fresh(o.name, taken))
+                swap[variableify(o)] = o.replace_name(fresh(o.name, taken))
         bsyms.append(b.from_bsym_swap_proxies(swap))
 
     with tracectx(new):
@@ -232,22 +230,23 @@ def rebuilt(joint, names):
     return new
 
 
-def choose(joint, evaluate):
+def choose(joint, evaluate, *, pinned_ops, all_names, fresh):
     """NOTE [the saved set]: the joint trace with the fewest saved storages rebuilt whose step
-    plan fits.  evaluate(trace) -> (fits, planned step peak, saved_storages of its forward).
+    plan fits.  evaluate(trace) -> (fits, planned step peak, saved_storages of its forward);
+    pinned_ops, all_names, fresh: fusion_pass.py's (candidates, rebuilt).
     Returns (trace, what was done: a dict for report())."""
     ok, peak0, saved = evaluate(joint)
     info = {"rebuilt": [], "rebuilt_bytes": 0, "extra_work": 0, "candidates": 0,
             "first_peak_bytes": peak0, "planned_step_peak_bytes": peak0, "fits": ok}
     if ok:
         return joint, info
-    cands = candidates(joint, saved)
+    cands = candidates(joint, saved, pinned_ops)
     info["candidates"] = len(cands)
     if not cands:
         return joint, info
 
     def at(k):
-        t = rebuilt(joint, [n for c in cands[:k] for n in c.names])
+        t = rebuilt(joint, [n for c in cands[:k] for n in c.names], all_names, fresh)
         ok, peak, _ = evaluate(t)
         return t, ok, peak
 

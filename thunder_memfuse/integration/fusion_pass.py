@@ -89,13 +89,14 @@ def _saved_set_within_budget(cd, joint):
     memory_budget in bytes and the trace is a joint forward-backward one, the saved set that
     fits it.  A failure keeps the joint trace (a MemFuseWarning; MemFuseError with strict)."""
     from . import _saved_set
-    from .transform import MemFuse
 
-    ours = [t for t in (getattr(cd, "transforms", None) or ()) if isinstance(t, MemFuse)]
+    # this compilation's MemFuse (transform.py, which imports this module: known by its method)
+    ours = [t for t in (getattr(cd, "transforms", None) or ()) if callable(getattr(t, "_step_fits", None))]
     if not ours or ours[0].memory_budget == "auto" or not _saved_set.is_joint(joint):
         return joint, None
     try:
-        return _saved_set.choose(joint, ours[0]._step_fits)
+        return _saved_set.choose(joint, ours[0]._step_fits, pinned_ops=pinned_ops, all_names=_all_names,
+                                 fresh=_fresh)
     except Exception as e:
         if ours[0].strict:
             from ..errors import MemFuseError
