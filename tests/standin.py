@@ -19,7 +19,7 @@ from thunder.executors.data_dependent_partition import fuse_bound_symbols
 
 from thunder_memfuse import _symbols, regions
 from thunder_memfuse.integration import _planning
-from thunder_memfuse.integration.transform import regroup_trace
+from thunder_memfuse.integration._regroup import regroup_trace
 
 
 class ElementwiseFusion(Transform):

@@ -376,17 +376,17 @@ def _two_gemm_relu_pairs(x, w, b, a):
 
 
 def _built_kinds(monkeypatch):
-    """The (op names, kind) of every region transform.py builds from here on."""
-    from thunder_memfuse.integration import transform
+    """The (op names, kind) of every region regroup_trace builds from here on."""
+    from thunder_memfuse.integration import _regroup
 
     built = []
-    real = transform.make_region_callable
+    real = _regroup.make_region_callable
 
     def recording(group, compiler):
         built.append((tuple(str(b.sym.name) for b in group.bsyms), group.kind))
         return real(group, compiler)
 
-    monkeypatch.setattr(transform, "make_region_callable", recording)
+    monkeypatch.setattr(_regroup, "make_region_callable", recording)
     return built
 
 

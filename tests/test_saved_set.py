@@ -47,10 +47,6 @@ def _model(**kw):
     return MLP(**kw)
 
 
-def _jit(model, **kw):
-    return thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse(**kw)] if kw is not None else [])
-
-
 def _run(model, x, budget):
     step = module_step(model, x)
     jm = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse(memory_budget=budget)])

@@ -20,9 +20,10 @@ executor) saves fewer activations:
 - Candidates are taken cheapest first: the chain's work (multiply-adds for matmuls and attention,
   elements for the rest) per byte the storage frees.  The step's planned peak, the larger of the
   forward's and the backward's plus what the caller holds beside it (_planning.py NOTE [held
-  outputs]), is planned by the same planner for a prefix of that list; the shortest prefix that
-  fits is kept (a binary search, so a trace is planned O(log n) times), and where none fits, the
-  longest, if it plans lower than saving everything.
+  outputs]), is planned by the same planner for prefixes of that list: they double until one fits,
+  then a binary search below it finds the shortest that fits (so a trace is planned O(log n)
+  times; the peak is not monotone in the prefix, as every copy at once can plan higher than the
+  saved set).  Where none fits, the lowest prefix tried, if it plans lower than saving everything.
 - The copies are bound symbols of the joint trace placed right before the first backward op that
   reads what they rebuild, under fresh names; the split then saves what they read instead.  The
   backward's own planner (transform.py) orders them with the rest.
@@ -100,10 +101,6 @@ def _inputs(joint) -> set:
     return {a.name for a in joint.bound_symbols[-1].args[0]["flat_args"] if isinstance(a, Proxy)}
 
 
-def _bytes(p) -> int:
-    return math.prod(int(s) for s in p.shape) * p.dtype.bytes
-
-
 def _work(b) -> int:
     """A bound symbol's work in elements: multiply-adds for matmuls and attention, else the
     elements it writes."""
@@ -131,10 +128,10 @@ def _copyable(b, pinned) -> bool:
     return not (_symbols.effects(b) & (_C.EFF_WRITES | _C.EFF_ORDERED | _C.EFF_COMM | _C.EFF_WAIT))
 
 
-def _chain(names, available, producer, pinned):
-    """The forward ops (ids, in no order) that rebuild `names` from `available`, and their work;
-    None where an op cannot be copied or the chain is longer than MAX_CHAIN."""
-    ops, work, stack = {}, 0, list(names)
+def _chain_work(names, available, producer, pinned):
+    """The work of the forward ops that rebuild `names` from `available`; None where an op cannot
+    be copied or the chain is longer than MAX_CHAIN."""
+    seen, work, stack = set(), 0, list(names)
     while stack:
         n = stack.pop()
         if n in available:
@@ -142,14 +139,14 @@ def _chain(names, available, producer, pinned):
         b = producer.get(n)
         if b is None or not _copyable(b, pinned):
             return None
-        if id(b) in ops:
+        if id(b) in seen:
             continue
-        ops[id(b)] = b
-        if len(ops) > MAX_CHAIN:
+        seen.add(id(b))
+        if len(seen) > MAX_CHAIN:
             return None
         work += _work(b)
         stack.extend(a.name for a in b.flat_proxy_args)
-    return ops, work
+    return work
 
 
 class Candidate:
@@ -177,9 +174,9 @@ def candidates(joint, saved: dict, pinned_ops):
     for root, (nbytes, names) in groups.items():
         if not nbytes:
             continue
-        found = _chain(names, available - set(names), producer, pinned)
-        if found is not None:
-            out.append(Candidate(tuple(sorted(names)), nbytes, found[1]))
+        work = _chain_work(names, available - set(names), producer, pinned)
+        if work is not None:
+            out.append(Candidate(tuple(sorted(names)), nbytes, work))
     out.sort(key=lambda c: (c.work / c.bytes, c.names))
     return out
 
