@@ -1,12 +1,15 @@
 """How memfuse's own time grows with depth (issue 32): a Llama-style training step at 2..64 layers (CPU).
 
     python benchmarks/depth_scaling.py [--layers 2,4,8,16,32,64] [--configs plain,ckpt]
-                                       [--variants tc,tc+memfuse] [--timeout 1800]
+                                       [--variants tc,tc+memfuse] [--cache cold,warm] [--timeout 1800]
 
 The step: benchmarks/workloads.py's Llama-style decoder, width 64, 4 heads, seq 64, batch 2; "ckpt" wraps
 each block in torch.utils.checkpoint.  Variants: tc = thunder.jit(m, executors=["torchcompile"]);
 tc+memfuse = the same with transforms=[memfuse].  One process per (depth, config, variant), so each first
-call starts from a cold process (Inductor's on-disk cache is shared, as it is for a user).
+call starts from a cold process.  The first call depends on Inductor's on-disk cache, so each row names
+its state: "cold" runs with an empty cache directory of its own (a new model, a new machine); "warm" runs
+the same process twice on one directory and reports the second (the next run of the same script).  The
+"fx cache" column is Inductor's FX graph cache's hits/misses/bypasses in the reported process.
 
 Per row: the bound symbols of the forward and backward traces memfuse planned (for tc: Thunder's final
 traces), memfuse's time by stage from report()'s time_ms (reading, planning, regrouping, the fusion pass;
@@ -23,6 +26,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -60,7 +64,36 @@ def one(layers, ckpt, variant):
                 stages[k] = stages.get(k, 0.0) + v
         out["stages_ms"] = stages
         out["own_ms"] = sum(stages.values())
+    from torch._dynamo.utils import counters
+
+    c = counters["inductor"]
+    out["fx_cache"] = f"{c['fxgraph_cache_hit']}/{c['fxgraph_cache_miss']}/{c['fxgraph_cache_bypass']}"
     return out
+
+
+def _run(layers, cfg, variant, cache_dir, timeout):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
+    return subprocess.run([sys.executable, __file__, "--one", str(layers), cfg, variant],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _row(layers, cfg, variant, cache, timeout, label):
+    """One row's result in a process of its own, on an Inductor cache directory of its own: empty
+    (cold), or filled by one run of the same process before (warm).  None, said, on failure."""
+    with tempfile.TemporaryDirectory(prefix="memfuse_depth_") as d:
+        try:
+            if cache == "warm":
+                _run(layers, cfg, variant, d, timeout)
+            p = _run(layers, cfg, variant, d, timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{label}: over {timeout:.0f} s", flush=True)
+            return None
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        err = (p.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"{label}: failed: {err[:150]}", flush=True)
+        return None
+    return json.loads(line[7:])
 
 
 def _slope(xs, ys):
@@ -78,6 +111,7 @@ def main(argv=None):
     ap.add_argument("--layers", default="2,4,8,16,32,64")
     ap.add_argument("--configs", default="plain,ckpt")
     ap.add_argument("--variants", default="tc,tc+memfuse")
+    ap.add_argument("--cache", default="cold,warm", help="Inductor's on-disk cache: cold, warm or both")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per process")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -85,45 +119,40 @@ def main(argv=None):
         print("RESULT " + json.dumps(one(int(a.one[0]), a.one[1] == "ckpt", a.one[2])))
         return 0
     rows = {}
-    print("layers config variant: fw/bw bound symbols | memfuse's time by stage (ms) | first call s | peak MiB")
+    print("layers config variant cache: fw/bw bound symbols | memfuse's time by stage (ms) | fx cache "
+          "hit/miss/bypass | first call s | peak MiB")
     for cfg in a.configs.split(","):
         for layers in map(int, a.layers.split(",")):
             for variant in a.variants.split(","):
-                try:
-                    p = subprocess.run([sys.executable, __file__, "--one", str(layers), cfg, variant],
-                                       capture_output=True, text=True, timeout=a.timeout)
-                except subprocess.TimeoutExpired:
-                    print(f"{layers:3d} {cfg:5s} {variant:10s}: over {a.timeout:.0f} s", flush=True)
-                    continue
-                line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-                if line is None:
-                    err = (p.stderr.strip().splitlines() or ["?"])[-1]
-                    print(f"{layers:3d} {cfg:5s} {variant:10s}: failed: {err[:150]}", flush=True)
-                    continue
-                r = json.loads(line[7:])
-                rows[(cfg, layers, variant)] = r
-                st = r.get("stages_ms")
-                stages = " ".join(f"{k} {v:.0f}" for k, v in st.items()) + f" own {r['own_ms']:.0f}" if st else "-"
-                print(f"{layers:3d} {cfg:5s} {variant:10s}: {r['fw_bsyms']}/{r['bw_bsyms']} | {stages} | "
-                      f"{r['first_s']:.1f} | {r['peak_mib']:.2f}", flush=True)
+                for cache in a.cache.split(","):
+                    label = f"{layers:3d} {cfg:5s} {variant:10s} {cache:4s}"
+                    r = _row(layers, cfg, variant, cache, a.timeout, label)
+                    if r is None:
+                        continue
+                    rows[(cfg, layers, variant, cache)] = r
+                    st = r.get("stages_ms")
+                    stages = " ".join(f"{k} {v:.0f}" for k, v in st.items()) + f" own {r['own_ms']:.0f}" if st else "-"
+                    print(f"{label}: {r['fw_bsyms']}/{r['bw_bsyms']} | {stages} | {r['fx_cache']} | "
+                          f"{r['first_s']:.1f} | {r['peak_mib']:.2f}", flush=True)
     print("\nlog-log slopes against the depth:")
     for cfg in a.configs.split(","):
         for variant in a.variants.split(","):
-            pts = sorted((k[1], v) for k, v in rows.items() if k[0] == cfg and k[2] == variant)
-            if len(pts) < 2:
-                continue
-            xs = [layers for layers, _ in pts]
-            series = {"first call": [v["first_s"] for _, v in pts]}
-            if variant == "tc+memfuse":
-                series["own"] = [v["own_ms"] for _, v in pts]
-                for k in pts[-1][1]["stages_ms"]:
-                    series[k] = [v["stages_ms"].get(k) for _, v in pts]
-            parts = []
-            for k, ys in series.items():
-                sl = _slope(xs, ys)
-                if sl is not None:
-                    parts.append(f"{k} {sl:.2f}")
-            print(f"  {cfg:5s} {variant:10s}: " + ", ".join(parts))
+            for cache in a.cache.split(","):
+                pts = sorted((k[1], v) for k, v in rows.items() if k[0] == cfg and k[2] == variant and k[3] == cache)
+                if len(pts) < 2:
+                    continue
+                xs = [layers for layers, _ in pts]
+                series = {"first call": [v["first_s"] for _, v in pts]}
+                if variant == "tc+memfuse":
+                    series["own"] = [v["own_ms"] for _, v in pts]
+                    for k in pts[-1][1]["stages_ms"]:
+                        series[k] = [v["stages_ms"].get(k) for _, v in pts]
+                parts = []
+                for k, ys in series.items():
+                    sl = _slope(xs, ys)
+                    if sl is not None:
+                        parts.append(f"{k} {sl:.2f}")
+                print(f"  {cfg:5s} {variant:10s} {cache:4s}: " + ", ".join(parts))
     return 0
 
 

@@ -375,7 +375,6 @@ class InductorRegion:
 
     def _compile(self, key, args):
         import torch
-        from torch._inductor.compile_fx import compile_fx_inner
         from torch._inductor.decomposition import select_decomp_table
         from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -392,7 +391,7 @@ class InductorRegion:
                     # NOTE [functional region programs]
                     gm = make_fx(torch.func.functionalize(self.fn, remove="mutations"),
                                  decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-                    compiled = compile_fx_inner(gm, list(args))
+                    compiled = _inductor_compile(gm, args)
                 self.peaks[key] = buffer_peak(getattr(compiled, "source_code", None))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                 self.why_dynamo = f"{type(e).__name__}: {e}"
@@ -400,6 +399,25 @@ class InductorRegion:
                 return self._shared()
             self.variants[key] = compiled
         return compiled
+
+
+def _inductor_compile(gm, args):
+    """NOTE [Inductor's graph cache]: Inductor keeps every compiled graph in its on-disk FX graph
+    cache, keyed by the graph and its inputs, so that a later process (the next run of the same
+    training script) skips lowering and code generation.  It looks a graph up only inside a tracing
+    context whose fake mode has a shape environment (guards on symbolic sizes are part of an
+    entry); called bare, compile_fx_inner bypasses the cache and every region of every run was
+    generated anew, where torch.compile (through Dynamo and AOTAutograd) hits it.  So the graph is
+    compiled as AOTAutograd hands it over: inside a TracingContext with make_fx's fake mode, on
+    fake copies of the inputs."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    if fake_mode is None or fake_mode.shape_env is None:
+        return compile_fx_inner(gm, list(args))
+    with tracing(TracingContext(fake_mode)):
+        return compile_fx_inner(gm, [fake_mode.from_tensor(a) for a in args])
 
 
 def clear_cache() -> None:
