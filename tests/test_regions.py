@@ -297,6 +297,32 @@ def test_a_region_compiles_once_per_stride_pattern():
 
 
 @needs_compiler
+def test_a_region_is_found_in_inductors_graph_cache(tmp_path, monkeypatch):
+    """NOTE [Inductor's graph cache]: a region compiled again (the next run of a script, here
+    after memfuse's own cache is cleared) is loaded from Inductor's FX graph cache, not generated
+    anew, and no region bypasses that cache."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    fn = lambda a, b: (a * b).sigmoid() * a + b  # noqa: E731
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    seen = []
+    for _ in range(2):
+        tc.clear_cache()
+        before = dict(counters["inductor"])
+        ours = thunder.jit(fn, transforms=[MemFuse(kernels="torchcompile")])
+        with config.patch(fx_graph_cache=True):
+            torch.testing.assert_close(ours(a, b), fn(a, b))
+        assert _regions(_ours(ours))
+        seen.append({k: counters["inductor"][k] - before.get(k, 0)
+                     for k in ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")})
+    tc.clear_cache()
+    assert seen[0]["fxgraph_cache_miss"] >= 1 and seen[0]["fxgraph_cache_bypass"] == 0, seen
+    assert seen[1]["fxgraph_cache_hit"] >= 1 and seen[1]["fxgraph_cache_miss"] == 0, seen
+
+
+@needs_compiler
 def test_claimed_prims_do_not_split_regions():
     """NOTE [claimed prims]: in torch.compile's place, prims Thunder's torch executor runs under
     its own names (a mean's division, a reshape) join memfuse's regions as torch.compile's did."""
@@ -316,12 +342,10 @@ def test_claimed_prims_do_not_split_regions():
 def test_a_program_make_fx_cannot_trace_goes_through_dynamo(monkeypatch):
     """NOTE [regions without Dynamo]: where the ATen trace fails, the region is compiled as
     Thunder's torchcompile executor would (make_compiled), silently, with the same numbers."""
-    import torch.fx.experimental.proxy_tensor as pt
-
     def no_trace(*a, **k):
         raise RuntimeError("no fake kernel here")
 
-    monkeypatch.setattr(pt, "make_fx", no_trace)
+    monkeypatch.setattr(tc, "_aten_graph", no_trace)
     tc.clear_cache()
     fn = lambda a, b: (a - b).sigmoid() * 3  # noqa: E731
     a, b = torch.randn(16, 16), torch.randn(16, 16)

@@ -375,8 +375,6 @@ class InductorRegion:
 
     def _compile(self, key, args):
         import torch
-        from torch._inductor.decomposition import select_decomp_table
-        from torch.fx.experimental.proxy_tensor import make_fx
 
         with self.lock:
             compiled = self.variants.get(key)
@@ -388,10 +386,7 @@ class InductorRegion:
                 return self._shared()
             try:
                 with torch.no_grad():
-                    # NOTE [functional region programs]
-                    gm = make_fx(torch.func.functionalize(self.fn, remove="mutations"),
-                                 decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-                    compiled = _inductor_compile(gm, args)
+                    compiled = _inductor_compile(_aten_graph(self.fn, args), args)
                 self.peaks[key] = buffer_peak(getattr(compiled, "source_code", None))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                 self.why_dynamo = f"{type(e).__name__}: {e}"
@@ -399,6 +394,17 @@ class InductorRegion:
                 return self._shared()
             self.variants[key] = compiled
         return compiled
+
+
+def _aten_graph(fn, args):
+    """The region's torch program as the functional ATen graph Inductor compiles, traced on fake
+    tensors with Inductor's decompositions (NOTE [functional region programs])."""
+    import torch
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(torch.func.functionalize(fn, remove="mutations"),
+                   decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
 
 
 def _inductor_compile(gm, args):
