@@ -322,6 +322,36 @@ def test_a_region_is_found_in_inductors_graph_cache(tmp_path, monkeypatch):
     assert seen[1]["fxgraph_cache_hit"] >= 1 and seen[1]["fxgraph_cache_miss"] == 0, seen
 
 
+def _gelu_grad(g, w, h):
+    ga = g @ w
+    t = torch.tanh(0.79788 * (h + 0.044715 * h * h * h))
+    return (0.5 * h * ga) * (1 - t * t) * 0.79788 + 0.5 * (1 + t) * ga
+
+
+@needs_compiler
+def test_a_pointwise_result_takes_a_dying_gemm_buffer():
+    """mf_fuse.c NOTE [stored heads]: a region [matmul, the GELU gradient over its result] stores
+    one tensor, planned and measured, where counting the GEMM's result as stored gave two."""
+    from thunder_memfuse import _C
+
+    torch.manual_seed(0)
+    g, w, h = torch.randn(256, 64), torch.randn(64, 256), torch.randn(256, 256)
+    ours = thunder.jit(_gelu_grad, executors=["torchcompile"], transforms=[MemFuse(kernels="torchcompile")])
+    torch.testing.assert_close(ours(g, w, h), _gelu_grad(g, w, h), rtol=1e-4, atol=1e-4)
+    trace = _ours(ours)
+    (region,) = _regions(trace)
+    inside = [s.sym.name for s in region.subsymbols]
+    assert "matmul" in inside, inside
+    one = 256 * 256 * 4
+    assert trace._memfuse_info["plan"]["peak_bytes"] == one
+    peak, _ = cpu_peak_bytes(ours, g, w, h)
+    assert peak <= one, peak
+    plain = thunder.jit(_gelu_grad)
+    plain(g, w, h)
+    last = next(b for b in thunder.last_traces(plain)[-1].bound_symbols if b.sym.name == "add")
+    assert tc.fusible(last) == _C.FUSIBLE_POINTWISE
+
+
 @needs_compiler
 def test_claimed_prims_do_not_split_regions():
     """NOTE [claimed prims]: in torch.compile's place, prims Thunder's torch executor runs under

@@ -143,7 +143,8 @@ int mf_gbuf_begin_op(mf_gbuf *b, int fusible)
     }
     b->in_ptr[b->n_ops] = b->n_in;
     b->out_ptr[b->n_ops] = b->n_out;
-    b->fusible[b->n_ops] = (uint8_t)(fusible == MF_FUSIBLE_STORED ? MF_FUSIBLE_STORED : fusible != 0);
+    b->fusible[b->n_ops] = (uint8_t)(fusible == MF_FUSIBLE_STORED || fusible == MF_FUSIBLE_POINTWISE ? fusible
+                                                                                         : fusible != 0);
     return 0;
 }
 

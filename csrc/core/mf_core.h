@@ -78,6 +78,7 @@ int mf_set_error(mf_ctx *ctx, int status, const char *fmt, ...) MF_PRINTF_FMT(3,
  * mf_graph_check; mf_plan copies what it needs). */
 #define MF_FUSIBLE 1
 #define MF_FUSIBLE_STORED 2
+#define MF_FUSIBLE_POINTWISE 3
 
 typedef struct mf_graph_desc {
     int32_t n_ops;
@@ -95,7 +96,10 @@ typedef struct mf_graph_desc {
      * may join one, but as an extern call of the group's program (a GEMM in an
      * Inductor region), so every storage it reads or allocates is stored while
      * its group runs (NOTE [stored inner values], mf_fuse.c); it is never an
-     * epilogue.  Other nonzero values mean MF_FUSIBLE. */
+     * epilogue.  MF_FUSIBLE_POINTWISE: MF_FUSIBLE, and elementwise (each
+     * output element from the same element of reads of its own shape), so its
+     * output may take a dead extern result's buffer (NOTE [stored heads],
+     * mf_fuse.c).  Other nonzero values mean MF_FUSIBLE. */
     const uint8_t *fusible;
     int32_t n_after;            /* ordering edges: op after[2i] runs before after[2i+1] */
     const int32_t *after;

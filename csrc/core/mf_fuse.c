@@ -46,6 +46,20 @@
  * exact rule: their GEMM result is written over by the epilogue.  A group of
  * one op counts everything it allocates, marked or not.
  *
+ * NOTE [stored heads]
+ * One exception to that count, which Inductor makes: it frees a buffer at
+ * its last use and gives it to the next buffer of its size, and a pointwise
+ * kernel reading a dying buffer at the index it writes writes over it.  So
+ * where a fused group begins with a stored op writing exactly one storage h
+ * (a GEMM; not a graph output, read by nobody after the group), and an op the
+ * record calls MF_FUSIBLE_POINTWISE, at or after h's last read in the group,
+ * allocates a storage of h's size that leaves the group, that storage takes
+ * h's buffer: the group counts h's bytes once, not twice.  (A checkpointed
+ * MLP's backward: the matmul making the GELU's incoming gradient, then the
+ * GELU gradient over it.)  head_credit below and the simulator (mf_sim.c) apply
+ * the same rule; the fusion-aware moves then bring the GEMM next to its
+ * pointwise consumer where that lowers the peak.
+ *
  * NOTE [group length cap]
  * A fused group holds at most MF_FUSE_MAX_GROUP (512) ops, which keeps both
  * DPs O(n * 512 + deaths * 512).  Longer runs of fusible ops are split; the
@@ -115,6 +129,28 @@ static int epilogue_pair(const fuse_ws *w, int32_t i)
     return 1;
 }
 
+/* NOTE [stored heads]: the storage a group's first op writes as an extern call,
+ * when that op writes exactly one storage, stored (smat), not a graph output;
+ * else -1. */
+static int32_t head_storage(const fuse_ws *w, int32_t i)
+{
+    const mf_pg *pg = w->pg;
+    int32_t u = w->order[i], s;
+    if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
+        return -1;
+    s = pg->oalloc[pg->oalloc_ptr[u]];
+    return pg->smat[s] && !pg->sout[s] && pg->sbytes[s] > 0 ? s : -1;
+}
+
+/* Does the storage s2, allocated at position p, take the dead head storage
+ * hs's buffer (NOTE [stored heads])? */
+static int takes_head(const fuse_ws *w, int32_t hs, int32_t s2, int32_t p)
+{
+    const mf_pg *pg = w->pg;
+    return s2 != hs && !pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && p >= w->lastpos[hs] &&
+           pg->pointwise[w->order[p]];
+}
+
 /* The value of extending a grouping of value base by a group of cost c. */
 static int64_t step(int mode, int64_t cap, int64_t base, int64_t c)
 {
@@ -133,7 +169,7 @@ static int64_t step(int mode, int64_t cap, int64_t base, int64_t c)
 static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32_t *parent)
 {
     const mf_pg *pg = w->pg;
-    int32_t a = w->a, b = w->b, i, j, q;
+    int32_t a = w->a, b = w->b, i, j, q, hs, nsame;
     val[0] = 0;
     for (j = a + 1; j <= b; j++) {
         val[j - a] = INF64;
@@ -164,16 +200,28 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         if (!pg->fusible[w->order[i]] || w->maxlen < 2)
             continue;
         A = w->fa[i];
+        hs = head_storage(w, i);
+        nsame = 0;
         for (j = i + 2; j <= b && j - i <= w->maxlen; j++) {
-            if (!pg->fusible[w->order[j - 1]])
+            int32_t p = j - 1;
+            if (!pg->fusible[w->order[p]])
                 break;
-            for (q = w->dptr[j - 1 - a]; q < w->dptr[j - a]; q++) {
+            for (q = w->dptr[p - a]; q < w->dptr[j - a]; q++) {
                 int32_t s = w->didx[q];
-                if (w->apos[s] >= i && !pg->smat[s])
+                if (w->apos[s] >= i && !pg->smat[s]) {
                     A -= pg->sbytes[s];
+                    if (hs >= 0 && w->apos[s] > i && takes_head(w, hs, s, w->apos[s]))
+                        nsame--;
+                }
             }
-            A += w->fa[j - 1];
-            c = w->L[i] + A;
+            A += w->fa[p];
+            if (hs >= 0)
+                for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
+                    int32_t s = pg->oalloc[q];
+                    if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
+                        nsame++;
+                }
+            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j && nsame > 0 ? pg->sbytes[hs] : 0);
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
                 val[j - a] = cand;
@@ -181,6 +229,23 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
             }
         }
     }
+}
+
+/* What a fused group [i, j) saves by NOTE [stored heads]: the head storage's
+ * bytes where it dies in the group and an output of the group takes its buffer. */
+static int64_t head_credit(const fuse_ws *w, int32_t i, int32_t j)
+{
+    const mf_pg *pg = w->pg;
+    int32_t hs = head_storage(w, i), p, q;
+    if (hs < 0 || w->lastpos[hs] >= j)
+        return 0;
+    for (p = i + 1; p < j; p++)
+        for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
+            int32_t s = pg->oalloc[q];
+            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
+                return pg->sbytes[hs];
+        }
+    return 0;
 }
 
 /* Cost of the group [i, j) under the current positions (the rules above). */
@@ -194,7 +259,7 @@ static int64_t group_cost(const fuse_ws *w, int32_t i, int32_t j)
         return w->L[i] + fused_allocs(w, i + 1, i + 2);
     for (p = i; p < j; p++)
         sum += fused_allocs(w, p, j);
-    return w->L[i] + sum;
+    return w->L[i] + sum - head_credit(w, i, j);
 }
 
 /* Positions, storage positions, the live bytes L at every boundary and the

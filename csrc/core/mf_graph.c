@@ -400,8 +400,9 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
     pg->oplb = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
     pg->fusible = (uint8_t *)mf_arena_array(ctx, a, (size_t)n + 1, 1);
     pg->epi = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    pg->pointwise = (uint8_t *)mf_arena_array(ctx, a, (size_t)n + 1, 1);
     if (!root || !stack || !stamp || !pg->prod || !pg->sid || !pg->abytes || !pg->oplb || !pg->fusible ||
-        !pg->epi)
+        !pg->epi || !pg->pointwise)
         return MF_ENOMEM;
 
     /* alias roots, memoized (chains are acyclic: checked) */
@@ -519,6 +520,7 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
         if (pg->fusible[k] && g->fusible[k] == MF_FUSIBLE_STORED) /* NOTE [stored inner values] */
             for (j = pg->otouch_ptr[k]; j < pg->otouch_ptr[k + 1]; j++)
                 pg->smat[pg->otouch[j]] = 1;
+        pg->pointwise[k] = (uint8_t)(pg->fusible[k] && g->fusible[k] == MF_FUSIBLE_POINTWISE);
         pg->epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
         if (g->fusible && g->fusible[k] == MF_FUSIBLE_STORED) /* an extern call is no epilogue */
             pg->epi[k] = -1;

@@ -85,6 +85,7 @@ typedef struct mf_pg {
     int64_t *oplb;   /* n: bytes of distinct storages read or allocated */
     uint8_t *fusible; /* n: 0, or 1 (fusible); MF_FUSIBLE_STORED is folded into smat */
     uint8_t *smat;    /* ns: stored even as an inner value of a group (NOTE [stored inner values]) */
+    uint8_t *pointwise; /* n: given as MF_FUSIBLE_POINTWISE (NOTE [stored heads]) */
     int32_t *epi;     /* n: epilogue_of, or -1 (mf_core.h) */
     int64_t outbytes; /* bytes of all output storages */
 } mf_pg;

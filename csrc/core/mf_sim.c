@@ -20,6 +20,45 @@
 
 #include <string.h>
 
+/* Is storage s read in a group after g? */
+static int read_after(const mf_pg *pg, const int32_t *grp, int32_t s, int32_t g)
+{
+    int32_t q;
+    for (q = pg->sread_ptr[s]; q < pg->sread_ptr[s + 1]; q++)
+        if (grp[pg->sread[q]] > g)
+            return 1;
+    return 0;
+}
+
+/* NOTE [stored heads] (mf_fuse.c), for the group g at positions [lo, hi) of
+ * order: the head storage's bytes where an output of the group takes its
+ * buffer, else 0. */
+static int64_t head_credit(const mf_pg *pg, const int32_t *order, const int32_t *grp, int32_t lo, int32_t hi,
+                           int32_t g)
+{
+    int32_t u = order[lo], hs, q, p, lp = lo;
+    if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
+        return 0;
+    hs = pg->oalloc[pg->oalloc_ptr[u]];
+    if (!pg->smat[hs] || pg->sout[hs] || pg->sbytes[hs] <= 0 || read_after(pg, grp, hs, g))
+        return 0;
+    for (p = lo + 1; p < hi; p++)
+        for (q = pg->sread_ptr[hs]; q < pg->sread_ptr[hs + 1]; q++)
+            if (pg->sread[q] == order[p])
+                lp = p;
+    for (p = lp > lo + 1 ? lp : lo + 1; p < hi; p++) {
+        int32_t v = order[p];
+        if (!pg->pointwise[v])
+            continue;
+        for (q = pg->oalloc_ptr[v]; q < pg->oalloc_ptr[v + 1]; q++) {
+            int32_t s2 = pg->oalloc[q];
+            if (!pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && (pg->sout[s2] || read_after(pg, grp, s2, g)))
+                return pg->sbytes[hs];
+        }
+    }
+    return 0;
+}
+
 int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
                    const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
                    int64_t *step_bytes, int64_t *live_after)
@@ -83,6 +122,9 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
         diff[ag] += b;
         diff[fx] -= b;
     }
+    for (i = 0; i < n_groups; i++) /* NOTE [stored heads] (mf_fuse.c) */
+        if (gsize[i] > 1 && !pair[i])
+            cnt[i] -= head_credit(pg, order, grp, group_ptr[i], group_ptr[i + 1], i);
     for (i = 0; i < n_groups; i++) {
         int64_t during = live + cnt[i];
         live += diff[i];

@@ -13,8 +13,8 @@ int mf_fusible_level(PyObject *x)
         long v = PyLong_AsLong(x);
         if (v == -1 && PyErr_Occurred())
             PyErr_Clear(); /* a huge int: by its truth */
-        else if (v == MF_FUSIBLE_STORED)
-            return MF_FUSIBLE_STORED;
+        else if (v == MF_FUSIBLE_STORED || v == MF_FUSIBLE_POINTWISE)
+            return (int)v;
     }
     return PyObject_IsTrue(x);
 }
@@ -60,8 +60,9 @@ static PyObject *to_dict(const mf_gbuf *g)
         if (!t)
             goto done;
         PyList_SET_ITEM(ops, i, t);
-        PyList_SET_ITEM(fu, i, g->fusible[i] == MF_FUSIBLE_STORED ? PyLong_FromLong(MF_FUSIBLE_STORED)
-                                                                  : PyBool_FromLong(g->fusible[i]));
+        PyList_SET_ITEM(fu, i, g->fusible[i] == MF_FUSIBLE_STORED || g->fusible[i] == MF_FUSIBLE_POINTWISE
+                                   ? PyLong_FromLong(g->fusible[i])
+                                   : PyBool_FromLong(g->fusible[i]));
         if (g->epilogue_of && i < g->n_epi && g->epilogue_of[i] >= 0) { /* (v, u): v may be u's epilogue */
             PyObject *x = Py_BuildValue("(ii)", (int)i, (int)g->epilogue_of[i]);
             if (!x || PyList_Append(ep, x) < 0) {

@@ -568,6 +568,7 @@ int mf_py_trace_exec(PyObject *module)
         PyModule_AddIntConstant(module, "EFF_WRITES", MF_EFF_WRITES) < 0 ||
         PyModule_AddIntConstant(module, "EPI_HEAD", MF_EPI_HEAD) < 0 ||
         PyModule_AddIntConstant(module, "EPI_TAIL", MF_EPI_TAIL) < 0 ||
+        PyModule_AddIntConstant(module, "FUSIBLE_POINTWISE", MF_FUSIBLE_POINTWISE) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_OP", RECORD_OP) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_PROLOGUE", RECORD_PROLOGUE) < 0 ||
         PyModule_AddIntConstant(module, "RECORD_DROP", RECORD_DROP) < 0)

@@ -155,6 +155,33 @@ def epilogue_pair(gemm, act) -> bool:
 
 
 STORED = 2  # the core's MF_FUSIBLE_STORED (NOTE [extern ops in regions])
+POINTWISE = 3  # the core's MF_FUSIBLE_POINTWISE (NOTE [pointwise over an extern result])
+
+
+@memoized
+@predicate(False)
+def is_pointwise(bsym) -> bool:
+    """NOTE [pointwise over an extern result]: Inductor frees a buffer at its last use and gives
+    its memory to the next buffer of the same size, and a pointwise kernel that reads a dying
+    buffer at the index it writes writes its result over it.  So in a region that begins with an
+    extern call (a GEMM), a pointwise op whose result has the GEMM result's size, made where that
+    result is read for the last time or later, takes its buffer: the GELU gradient of a
+    transformer's MLP over the matmul that makes its incoming gradient.  An op is pointwise here
+    when it makes one tensor and reads only tensors of that tensor's shape, with no reduction,
+    no row-wise op, no view and no extern call (csrc/core/mf_fuse.c NOTE [stored heads] counts the
+    buffer once)."""
+    from thunder.core.prims import OpTags
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.symbol import gather_tags
+
+    if is_extern(bsym) or bsym.sym.name in _ROWWISE_NAMES:
+        return False
+    tags = gather_tags(bsym)
+    if OpTags.REDUCTION_OP in tags or OpTags.SHAPE_OP in tags:
+        return False
+    outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+    reads = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+    return len(outs) == 1 and bool(reads) and all(tuple(p.shape) == tuple(outs[0].shape) for p in reads)
 
 
 @functools.lru_cache(maxsize=1)
@@ -198,16 +225,16 @@ def fusible(bsym) -> int:
     """Can bsym be part of a torch.compile region: the torchcompile executor can claim it, its
     outputs are tensors, and it neither draws random numbers nor has an ordered effect.  0: no;
     1: yes; STORED: yes, as an extern call whose tensors are stored (NOTE [extern ops in
-    regions])."""
+    regions]); POINTWISE: yes, and pointwise (NOTE [pointwise over an extern result])."""
     from .._symbols import _base_name
 
     if not tensor_op(bsym) or not pure(bsym) or bsym.sym.id in _autograd_vjps():
         return 0
     if _executor().can_fuse(bsym):
-        return STORED if is_extern(bsym) else 1
+        return STORED if is_extern(bsym) else (POINTWISE if is_pointwise(bsym) else 1)
     orig = _torch_impl_of().get(bsym.sym.id)
     if orig is not None and orig in _executor().implmap:
-        return STORED if _base_name(orig) in _EXTERN_NAMES else 1
+        return STORED if _base_name(orig) in _EXTERN_NAMES else (POINTWISE if is_pointwise(bsym) else 1)
     return 0
 
 
