@@ -2063,6 +2063,7 @@ int mf_test_kinds(int *checks); /* test_kinds.c */
 int mf_test_remat(int *checks); /* test_remat.c */
 int mf_test_allowance(int *checks); /* test_allowance.c */
 int mf_test_coarse(int *checks); /* test_coarse.c */
+int mf_test_heads(int *checks); /* test_heads.c */
 int mf_test_pipeline(int *checks); /* test_pipeline.c */
 int test_harden(int *checks); /* test_harden.c */
 
@@ -2088,6 +2089,7 @@ int main(int argc, char **argv)
     g_failures += mf_test_remat(&g_checks);
     g_failures += mf_test_allowance(&g_checks);
     g_failures += mf_test_coarse(&g_checks);
+    g_failures += mf_test_heads(&g_checks);
     g_failures += mf_test_pipeline(&g_checks);
     g_failures += test_harden(&g_checks);
     g_failures += mf_test_kinds(&g_checks);
