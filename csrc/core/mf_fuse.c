@@ -47,17 +47,21 @@
  * one op counts everything it allocates, marked or not.
  *
  * NOTE [stored heads]
- * One exception to that count, which Inductor makes: it frees a buffer at
- * its last use and gives it to the next buffer of its size, and a pointwise
- * kernel reading a dying buffer at the index it writes writes over it.  So
+ * One exception to that count, which Inductor makes: a pointwise kernel
+ * whose input buffer dies in it, read at the index it writes, writes its
+ * result over that buffer.  Inductor does so only where the kernel is the
+ * buffer's one user: where two of its kernels read the buffer (two results
+ * that both inline a read of it), each output is a buffer of its own.  So
  * where a fused group begins with a stored op writing exactly one storage h
- * (a GEMM; not a graph output, read by nobody after the group), and an op the
- * record calls MF_FUSIBLE_POINTWISE, at or after h's last read in the group,
- * allocates a storage of h's size that leaves the group, that storage takes
- * h's buffer: the group counts h's bytes once, not twice.  (A checkpointed
- * MLP's backward: the matmul making the GELU's incoming gradient, then the
- * GELU gradient over it.)  head_credit below and the simulator (mf_sim.c) apply
- * the same rule; the fusion-aware moves then bring the GEMM next to its
+ * (a GEMM; not a graph output, read by nobody after the group), and h's one
+ * reader that allocates (mf_pg_sole_reader: views of h do not count) is an op
+ * the record calls MF_FUSIBLE_POINTWISE, at or after h's last read, whose
+ * result of h's size leaves the group, that result takes h's buffer: the
+ * group counts h's bytes once, not twice.  (A checkpointed MLP's backward: the
+ * matmul making the GELU's incoming gradient, then the GELU gradient over it.
+ * Not a SwiGLU's backward, where the gate's GEMM result is read by the
+ * gradients of both branches.)  head_credit below and the simulator (mf_sim.c)
+ * apply the same rule; the fusion-aware moves then bring the GEMM next to its
  * pointwise consumer where that lowers the peak.
  *
  * NOTE [group length cap]
@@ -92,6 +96,7 @@ typedef struct fuse_ws {
     const int32_t *order;
     int32_t n, maxlen;
     int32_t a, b;            /* the DPs run over positions [a, b) (the whole order: 0, n) */
+    const int32_t *pos;      /* per op: its position in order */
     int32_t *apos, *lastpos; /* per storage */
     int32_t *dptr, *didx;    /* storages (not outputs, read after alloc) by last read position,
                                 dptr[p - a] .. dptr[p - a + 1] for position p in [a, b) */
@@ -129,9 +134,9 @@ static int epilogue_pair(const fuse_ws *w, int32_t i)
     return 1;
 }
 
-/* NOTE [stored heads]: the storage a group's first op writes as an extern call,
- * when that op writes exactly one storage, stored (smat), not a graph output;
- * else -1. */
+/* NOTE [stored heads]: may a group beginning at position i earn a head
+ * credit?  Its first op's one storage, stored, not a graph output, if so;
+ * else -1.  The credit itself is mf_pg_head_credit's (mf_sim.c). */
 static int32_t head_storage(const fuse_ws *w, int32_t i)
 {
     const mf_pg *pg = w->pg;
@@ -140,15 +145,6 @@ static int32_t head_storage(const fuse_ws *w, int32_t i)
         return -1;
     s = pg->oalloc[pg->oalloc_ptr[u]];
     return pg->smat[s] && !pg->sout[s] && pg->sbytes[s] > 0 ? s : -1;
-}
-
-/* Does the storage s2, allocated at position p, take the dead head storage
- * hs's buffer (NOTE [stored heads])? */
-static int takes_head(const fuse_ws *w, int32_t hs, int32_t s2, int32_t p)
-{
-    const mf_pg *pg = w->pg;
-    return s2 != hs && !pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && p >= w->lastpos[hs] &&
-           pg->pointwise[w->order[p]];
 }
 
 /* The value of extending a grouping of value base by a group of cost c. */
@@ -169,7 +165,7 @@ static int64_t step(int mode, int64_t cap, int64_t base, int64_t c)
 static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32_t *parent)
 {
     const mf_pg *pg = w->pg;
-    int32_t a = w->a, b = w->b, i, j, q, hs, nsame;
+    int32_t a = w->a, b = w->b, i, j, q, hs;
     val[0] = 0;
     for (j = a + 1; j <= b; j++) {
         val[j - a] = INF64;
@@ -201,27 +197,17 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
             continue;
         A = w->fa[i];
         hs = head_storage(w, i);
-        nsame = 0;
         for (j = i + 2; j <= b && j - i <= w->maxlen; j++) {
             int32_t p = j - 1;
             if (!pg->fusible[w->order[p]])
                 break;
             for (q = w->dptr[p - a]; q < w->dptr[j - a]; q++) {
                 int32_t s = w->didx[q];
-                if (w->apos[s] >= i && !pg->smat[s]) {
+                if (w->apos[s] >= i && !pg->smat[s])
                     A -= pg->sbytes[s];
-                    if (hs >= 0 && w->apos[s] > i && takes_head(w, hs, s, w->apos[s]))
-                        nsame--;
-                }
             }
             A += w->fa[p];
-            if (hs >= 0)
-                for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
-                    int32_t s = pg->oalloc[q];
-                    if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
-                        nsame++;
-                }
-            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j && nsame > 0 ? pg->sbytes[hs] : 0);
+            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j ? mf_pg_head_credit(pg, w->order, w->pos, i, j) : 0);
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
                 val[j - a] = cand;
@@ -229,23 +215,6 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
             }
         }
     }
-}
-
-/* What a fused group [i, j) saves by NOTE [stored heads]: the head storage's
- * bytes where it dies in the group and an output of the group takes its buffer. */
-static int64_t head_credit(const fuse_ws *w, int32_t i, int32_t j)
-{
-    const mf_pg *pg = w->pg;
-    int32_t hs = head_storage(w, i), p, q;
-    if (hs < 0 || w->lastpos[hs] >= j)
-        return 0;
-    for (p = i + 1; p < j; p++)
-        for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
-            int32_t s = pg->oalloc[q];
-            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
-                return pg->sbytes[hs];
-        }
-    return 0;
 }
 
 /* Cost of the group [i, j) under the current positions (the rules above). */
@@ -259,7 +228,7 @@ static int64_t group_cost(const fuse_ws *w, int32_t i, int32_t j)
         return w->L[i] + fused_allocs(w, i + 1, i + 2);
     for (p = i; p < j; p++)
         sum += fused_allocs(w, p, j);
-    return w->L[i] + sum - head_credit(w, i, j);
+    return w->L[i] + sum - mf_pg_head_credit(w->pg, w->order, w->pos, i, j);
 }
 
 /* Positions, storage positions, the live bytes L at every boundary and the
@@ -291,6 +260,7 @@ static int ws_setup(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *or
         return MF_ENOMEM;
     for (i = 0; i < n; i++)
         pos[order[i]] = i;
+    w->pos = pos;
     for (s = 0; s < pg->ns; s++) {
         int32_t lp = -1, ap = pos[pg->salloc[s]];
         int64_t b = pg->sbytes[s];
