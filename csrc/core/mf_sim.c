@@ -32,14 +32,19 @@ static int read_from(const mf_pg *pg, const int32_t *pos, int32_t s, int32_t hi)
     return 0;
 }
 
-/* NOTE [stored heads] (mf_fuse.c).  The ops of the group that read the head,
+/* NOTE [stored heads] (mf_fuse.c).  The head: the group's first op that
+ * allocates (views before it allocate nothing).  The ops of the group that read the head,
  * then those that read what they make, up to storages that reach memory
  * (graph outputs, stored, or read after the group): one Inductor kernel reads
  * the head where all of them are pointwise and make exactly one storage that
  * reaches memory, made at or after the head's last read. */
 int64_t mf_pg_head_credit(const mf_pg *pg, const int32_t *order, const int32_t *pos, int32_t lo, int32_t hi)
 {
-    int32_t list[HEAD_CLOSURE_MAX], n = 0, at, u = order[lo], hs, q, r, s2 = -1, taker = -1, last = lo;
+    int32_t list[HEAD_CLOSURE_MAX], n = 0, at, u, hs, q, r, s2 = -1, taker = -1, last;
+    while (lo < hi && pg->oalloc_ptr[order[lo] + 1] == pg->oalloc_ptr[order[lo]])
+        lo++; /* views (of the GEMM's operands, say) before it */
+    u = lo < hi ? order[lo] : 0;
+    last = lo;
     if (hi - lo < 2 || pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
         return 0;
     hs = pg->oalloc[pg->oalloc_ptr[u]];
@@ -54,7 +59,7 @@ int64_t mf_pg_head_credit(const mf_pg *pg, const int32_t *order, const int32_t *
     }
     for (at = 0; at < n; at++) {
         int32_t k = list[at];
-        if (!pg->pointwise[k])
+        if (!pg->pointwise[k]) /* a view that keeps each element's index is pointwise too */
             return 0;
         for (q = pg->oalloc_ptr[k]; q < pg->oalloc_ptr[k + 1]; q++) {
             int32_t s = pg->oalloc[q];

@@ -162,7 +162,9 @@ static int64_t href_peak(const mf_graph_desc *d, const href *r, const int32_t *o
             else if (a < t && (r->out[s] || last >= t))
                 during += d->value_bytes[s];
         }
-        if (credit && size > 1 && r->nalloc[order[lo]] == 1) {
+        while (credit && lo < hi && r->nalloc[order[lo]] == 0)
+            lo++; /* views before the head */
+        if (credit && hi - lo > 1 && r->nalloc[order[lo]] == 1) {
             /* the head h dies in the group; the ops reading it, then those reading what they make
              * up to values that reach memory (outputs, stored, read after the group): all
              * pointwise, exactly one value reaching memory, of h's size, made at or after h's last
