@@ -21,10 +21,8 @@ bound symbols say nothing of the work).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import own_process  # noqa: E402
 MIB = float(1 << 20)
 
 
@@ -71,29 +70,18 @@ def one(layers, ckpt, variant):
     return out
 
 
-def _run(layers, cfg, variant, cache_dir, timeout):
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
-    return subprocess.run([sys.executable, __file__, "--one", str(layers), cfg, variant],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
-
 def _row(layers, cfg, variant, cache, timeout, label):
     """One row's result in a process of its own, on an Inductor cache directory of its own: empty
     (cold), or filled by one run of the same process before (warm).  None, said, on failure."""
+    args = ["--one", layers, cfg, variant]
     with tempfile.TemporaryDirectory(prefix="memfuse_depth_") as d:
-        try:
-            if cache == "warm":
-                _run(layers, cfg, variant, d, timeout)
-            p = _run(layers, cfg, variant, d, timeout)
-        except subprocess.TimeoutExpired:
-            print(f"{label}: over {timeout:.0f} s", flush=True)
-            return None
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        err = (p.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"{label}: failed: {err[:150]}", flush=True)
-        return None
-    return json.loads(line[7:])
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=d)
+        if cache == "warm":
+            own_process.run(__file__, args, env=env, timeout=timeout)
+        r, why = own_process.run(__file__, args, env=env, timeout=timeout)
+    if r is None:
+        print(f"{label}: failed: {why}", flush=True)
+    return r
 
 
 def _slope(xs, ys):
@@ -116,9 +104,9 @@ def main(argv=None):
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
-        print("RESULT " + json.dumps(one(int(a.one[0]), a.one[1] == "ckpt", a.one[2])))
+        own_process.emit(one(int(a.one[0]), a.one[1] == "ckpt", a.one[2]))
         return 0
-    rows = {}
+    results = {}
     print("layers config variant cache: fw/bw bound symbols | memfuse's time by stage (ms) | fx cache "
           "hit/miss/bypass | first call s | peak MiB")
     for cfg in a.configs.split(","):
@@ -129,7 +117,7 @@ def main(argv=None):
                     r = _row(layers, cfg, variant, cache, a.timeout, label)
                     if r is None:
                         continue
-                    rows[(cfg, layers, variant, cache)] = r
+                    results[(cfg, layers, variant, cache)] = r
                     st = r.get("stages_ms")
                     stages = " ".join(f"{k} {v:.0f}" for k, v in st.items()) + f" own {r['own_ms']:.0f}" if st else "-"
                     print(f"{label}: {r['fw_bsyms']}/{r['bw_bsyms']} | {stages} | {r['fx_cache']} | "
@@ -138,7 +126,7 @@ def main(argv=None):
     for cfg in a.configs.split(","):
         for variant in a.variants.split(","):
             for cache in a.cache.split(","):
-                pts = sorted((k[1], v) for k, v in rows.items() if k[0] == cfg and k[2] == variant and k[3] == cache)
+                pts = sorted((k[1], v) for k, v in results.items() if k[0] == cfg and k[2] == variant and k[3] == cache)
                 if len(pts) < 2:
                     continue
                 xs = [layers for layers, _ in pts]

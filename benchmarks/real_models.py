@@ -273,21 +273,21 @@ def _diff(a, b):
 
 
 def _in_process_of_its_own(argv):
-    """run_one's stand-in that runs each row in a fresh process (this script with --one), so no row's
-    peak or first call depends on what ran before it in the same interpreter."""
+    """run_one's stand-in that runs each row in a fresh process (this script with --one, own_process.py), so
+    no row's peak or first call depends on what ran before it in the same interpreter.  The row's
+    tensors (its gradients) go through a file the child saves; its emitted result names it."""
     import os
-    import subprocess
     import tempfile
+
+    import own_process
 
     def run(name, ckpt, mode, batch, seq, vocab, do_compare=False):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "row.pt")
-            p = subprocess.run([sys.executable, __file__, *argv, "--one", name, "ckpt" if ckpt else "plain", mode, out],
-                               capture_output=True, text=True)
-            if p.returncode == 0 and os.path.exists(out):
-                return torch.load(out, weights_only=False)
-        err = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"warnings": [], "logs": [], "error": f"row process failed: {err[:200]}", "peak": None, "loss": None,
+            r, why = own_process.run(__file__, [*argv, "--one", name, "ckpt" if ckpt else "plain", mode, out])
+            if r is not None:
+                return torch.load(r["saved"], weights_only=False)
+        return {"warnings": [], "logs": [], "error": f"row process failed: {why}", "peak": None, "loss": None,
                 "grads": None, "cmp": None}
 
     return run
@@ -313,6 +313,9 @@ def main(argv=None):
     if a.one:
         n, cfg, mode, out = a.one
         torch.save(run_one(n, cfg == "ckpt", mode, a.batch, a.seq, a.vocab, a.compare), out)
+        import own_process
+
+        own_process.emit({"saved": out})
         return 0
     run = run_one if a.same_process else _in_process_of_its_own(argv if argv is not None else sys.argv[1:])
     modes = a.modes.split(",")

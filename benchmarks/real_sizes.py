@@ -26,11 +26,9 @@ side: the peak and step time memfuse reaches within the peak torch.compile reach
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -41,6 +39,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import own_process  # noqa: E402
 MIB = float(1 << 20)
 VARIANTS = ("eager", "compile", "compile-amb0.5", "thunder", "tc", "memfuse", "tc+memfuse")
 
@@ -173,7 +172,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.one:
         name, cfg, variant = a.one
-        print("RESULT " + json.dumps(one(name, cfg == "ckpt", variant, a.rounds)))
+        own_process.emit(one(name, cfg == "ckpt", variant, a.rounds))
         return 0
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; peak of the second step, MiB; step ms (median of "
           f"{a.rounds}); first call s; |loss - eager's|")
@@ -194,14 +193,10 @@ def main(argv=None):
 
 def _run(a, name, cfg, variant):
     """One variant in a process of its own: its result dict, or None (the error printed)."""
-    p = subprocess.run([sys.executable, __file__, "--rounds", str(a.rounds), "--one", name, cfg, variant],
-                       capture_output=True, text=True)
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        err = (p.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"  {variant:22s} failed: {err[:150]}", flush=True)
-        return None
-    return json.loads(line[7:])
+    r, why = own_process.run(__file__, ["--rounds", a.rounds, "--one", name, cfg, variant])
+    if r is None:
+        print(f"  {variant:22s} failed: {why}", flush=True)
+    return r
 
 
 def _row(variant, r, ref_loss):
