@@ -31,10 +31,7 @@ static uint64_t a_state = 0xD1B54A32D192ED03ULL;
 
 static int a_int(int n) /* [0, n) */
 {
-    a_state ^= a_state << 13;
-    a_state ^= a_state >> 7;
-    a_state ^= a_state << 17;
-    return (int)(a_state % (uint64_t)n);
+    return mf_test_rand(&a_state, n);
 }
 
 static void random_graph(mf_gbuf *b, int n)
@@ -45,15 +42,11 @@ static void random_graph(mf_gbuf *b, int n)
     mf_gbuf_add_value(b, 8, 1);
     mf_gbuf_add_value(b, 16, 1);
     for (k = 0; k < n; k++) {
-        int32_t nv = b->n_values, v;
+        int32_t nv = b->n_values;
         int kind = a_int(10), nin = 1 + a_int(3), i;
         mf_gbuf_begin_op(b, kind < 6 ? 1 : kind < 8 ? MF_FUSIBLE_STORED : 0);
         if (kind == 9 && nv > 2) { /* a view of a value made here */
-            int32_t base = 2 + a_int(nv - 2);
-            v = mf_gbuf_add_value(b, b->value_bytes[base], 0);
-            b->alias_of[v] = base;
-            mf_gbuf_op_in(b, base);
-            mf_gbuf_op_out(b, v);
+            mf_test_view_of(b, 2 + a_int(nv - 2));
         } else {
             for (i = 0; i < nin; i++)
                 mf_gbuf_op_in(b, a_int(nv));
@@ -78,17 +71,9 @@ static void all_groupings(mf_ctx *ctx, const mf_graph_desc *d, const int32_t *or
     *fewest = 1 << 30;
     for (pass = 0; pass < 2; pass++)
         for (mask = 0; mask < M; mask++) {
-            int32_t ng = 0, i, j, ok = 1;
+            int32_t ng = mf_test_grouping(d, order, mask, gp);
             int64_t pk = 0;
-            gp[0] = 0;
-            for (i = 1; i <= n; i++)
-                if (i == n || (mask >> (i - 1) & 1))
-                    gp[++ng] = i;
-            for (i = 0; i < ng && ok; i++)
-                if (gp[i + 1] - gp[i] >= 2)
-                    for (j = gp[i]; j < gp[i + 1]; j++)
-                        ok &= d->fusible[order[j]] != 0;
-            if (!ok || mf_simulate(ctx, d, order, gp, ng, &pk, NULL, NULL) != MF_OK)
+            if (!ng || mf_simulate(ctx, d, order, gp, ng, &pk, NULL, NULL) != MF_OK)
                 continue;
             if (pass == 0 && pk < *least)
                 *least = pk;

@@ -29,10 +29,7 @@ static uint64_t c_state = 0x9E3779B97F4A7C15ULL;
 
 static int c_int(int n) /* [0, n) */
 {
-    c_state ^= c_state << 13;
-    c_state ^= c_state >> 7;
-    c_state ^= c_state << 17;
-    return (int)(c_state % (uint64_t)n);
+    return mf_test_rand(&c_state, n);
 }
 
 /* Blocks of a chain of fusible ops from a recent value, ended by a stored or unfusible op that

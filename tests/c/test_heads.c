@@ -30,10 +30,7 @@ static uint64_t h_state = 0xABCDEF12345ULL;
 
 static int h_int(int n) /* [0, n) */
 {
-    h_state ^= h_state << 13;
-    h_state ^= h_state >> 7;
-    h_state ^= h_state << 17;
-    return (int)(h_state % (uint64_t)n);
+    return mf_test_rand(&h_state, n);
 }
 
 static void random_graph(mf_gbuf *b, int n)
@@ -49,11 +46,7 @@ static void random_graph(mf_gbuf *b, int n)
         int fus = kind < 3 ? MF_FUSIBLE_STORED : kind < 7 ? MF_FUSIBLE_POINTWISE : kind < 9 ? MF_FUSIBLE : 0;
         mf_gbuf_begin_op(b, kind == 11 ? MF_FUSIBLE : fus);
         if (kind == 11 && nv > 2) { /* a view of a value made here */
-            int32_t base = 2 + h_int(nv - 2);
-            v = mf_gbuf_add_value(b, b->value_bytes[base], 0);
-            b->alias_of[v] = base;
-            mf_gbuf_op_in(b, base);
-            mf_gbuf_op_out(b, v);
+            mf_test_view_of(b, 2 + h_int(nv - 2));
         } else {
             /* a pointwise op often reads the last GEMM's result (a GELU gradient over a matmul) */
             int64_t size = h_int(5) ? 16 : 8;
@@ -226,17 +219,9 @@ static void all_groupings(mf_ctx *ctx, const mf_graph_desc *d, const href *r, co
     int mismatches = 0;
     *least = *least_plain = INT64_MAX;
     for (mask = 0; mask < M; mask++) {
-        int32_t ng = 0, i, j, ok = 1;
+        int32_t ng = mf_test_grouping(d, order, mask, gp);
         int64_t pk = -1, ref, plain;
-        gp[0] = 0;
-        for (i = 1; i <= n; i++)
-            if (i == n || (mask >> (i - 1) & 1))
-                gp[++ng] = i;
-        for (i = 0; i < ng && ok; i++)
-            if (gp[i + 1] - gp[i] >= 2)
-                for (j = gp[i]; j < gp[i + 1]; j++)
-                    ok &= d->fusible[order[j]] != 0;
-        if (!ok)
+        if (!ng)
             continue;
         ref = href_peak(d, r, order, gp, ng, 1);
         plain = href_peak(d, r, order, gp, ng, 0);

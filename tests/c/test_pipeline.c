@@ -25,10 +25,7 @@ static uint64_t p_state = 0x2545F4914F6CDD1DULL;
 
 static int p_int(int n) /* [0, n) */
 {
-    p_state ^= p_state << 13;
-    p_state ^= p_state >> 7;
-    p_state ^= p_state << 17;
-    return (int)(p_state % (uint64_t)n);
+    return mf_test_rand(&p_state, n);
 }
 
 /* A random DAG of n ops (n < 200): op k reads 1-3 recent values and makes one; ops fusible at

@@ -28,10 +28,7 @@ static uint64_t r_state = 0x9E3779B97F4A7C15ULL;
 
 static int r_int(int n) /* [0, n) */
 {
-    r_state ^= r_state << 13;
-    r_state ^= r_state >> 7;
-    r_state ^= r_state << 17;
-    return (int)(r_state % (uint64_t)n);
+    return mf_test_rand(&r_state, n);
 }
 
 typedef struct rgraph {

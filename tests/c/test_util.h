@@ -6,7 +6,10 @@
 #ifndef MF_TEST_UTIL_H
 #define MF_TEST_UTIL_H
 
+#include "mf_build.h"
+
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define MF_TEST_CHECK(checks, failures, cond, ...)                                      \
@@ -28,5 +31,16 @@ typedef struct mf_talloc {
 
 void *mf_talloc_alloc(void *ud, size_t n); /* ud: an mf_talloc */
 void mf_talloc_free(void *ud, void *p);
+
+/* xorshift64 on *state (nonzero): a number in [0, n).  Each test file keeps its own state and seed. */
+int mf_test_rand(uint64_t *state, int n);
+
+/* The grouping of `order` (d's n_ops ops) that mask gives: a group starts at position i > 0 where bit
+ * i - 1 is set.  Fills gp (n_ops + 1 entries) and returns the group count, or 0 where a group of two
+ * or more ops holds one d calls unfusible. */
+int32_t mf_test_grouping(const mf_graph_desc *d, const int32_t *order, uint32_t mask, int32_t *gp);
+
+/* Inside b's open op: read base and make a view of it (a value of base's size aliasing it). */
+int32_t mf_test_view_of(mf_gbuf *b, int32_t base);
 
 #endif
