@@ -47,31 +47,26 @@
  * one op counts everything it allocates, marked or not.
  *
  * NOTE [stored heads]
- * One exception to that count, which Inductor makes: a pointwise kernel
- * whose input buffer dies in it, read at the index it writes, writes its
- * result over that buffer; but only where that kernel is the buffer's one
- * reader (where two kernels read it, each output is a buffer of its own).
- * So take a fused group whose first op that allocates (views before it
- * allocate nothing) is a stored op writing exactly one storage h (a GEMM; h
- * not a graph output, read by nobody after the group).  Follow h forward
- * through the group: the ops that read h, then the ops that read what those
- * make, stopping at storages that reach memory (graph outputs, stored, or
- * read after the group).  Where every op so reached is MF_FUSIBLE_POINTWISE
- * (a view that keeps each element's index counts), exactly one storage
- * reaching memory is made, of h's size, at or after h's last read, Inductor
- * makes one kernel of them and that storage takes h's buffer: the group
- * counts h's bytes once, not twice.  (A checkpointed MLP's backward: the
- * matmul making the GELU's incoming gradient, then the GELU gradient over
- * it.  Not a SwiGLU's backward, where the gate's GEMM result feeds the
- * gradients of both branches.)  One function, mf_pg_head_credit (mf_sim.c),
- * gives the credit to the DPs here and to the simulator.
- *
- * That credit only comes once the whole chain from h is in the group, so
- * moving a GEMM one step towards its consumers earns nothing by it.  The
- * fusion-aware moves therefore search with a lenient credit (h dies in the
- * group and a pointwise result of h's size leaves it, fuse_ws.lenient), and
- * the order they find is regrouped and kept with the exact one (mf_sched.c
- * keeps it only where its peak is lower).
+ * One exception to that count, which Inductor makes: it frees a buffer at
+ * its last use and gives it to the next buffer of its size, and a pointwise
+ * kernel reading a dying buffer at the index it writes writes over it.  So
+ * where a fused group begins with a stored op writing exactly one storage h
+ * (a GEMM; not a graph output, read by nobody after the group), and an op the
+ * record calls MF_FUSIBLE_POINTWISE, at or after h's last read in the group,
+ * allocates a storage of h's size that leaves the group, that storage takes
+ * h's buffer: the group counts h's bytes once, not twice.  (A checkpointed
+ * MLP's backward: the matmul making the GELU's incoming gradient, then the
+ * GELU gradient over it.)  head_credit below and the simulator (mf_sim.c) apply
+ * the same rule; the fusion-aware moves then bring the GEMM next to its
+ * pointwise consumer where that lowers the peak.
+ * Known gap: Inductor writes over the buffer only where one of its kernels
+ * reads it.  Where two results read the GEMM's result (a SwiGLU backward: the
+ * gate's pre-activation feeds both branches' gradients) each result gets a
+ * buffer of its own, and the plan is one tensor below the program.  An exact
+ * form (follow the head to the storages that reach memory, credit only one)
+ * was tried: its plans tie with these in the model, and on GELU MLPs the
+ * orders it kept measured higher, since what decides there is a reuse the
+ * model does not see (Inductor freeing a region's dying inputs inside it).
  *
  * NOTE [group length cap]
  * A fused group holds at most MF_FUSE_MAX_GROUP (512) ops, which keeps both
@@ -105,8 +100,6 @@ typedef struct fuse_ws {
     const int32_t *order;
     int32_t n, maxlen;
     int32_t a, b;            /* the DPs run over positions [a, b) (the whole order: 0, n) */
-    const int32_t *pos;      /* per op: its position in order */
-    int lenient;             /* NOTE [stored heads]: the search's credit, not the plan's */
     int32_t *apos, *lastpos; /* per storage */
     int32_t *dptr, *didx;    /* storages (not outputs, read after alloc) by last read position,
                                 dptr[p - a] .. dptr[p - a + 1] for position p in [a, b) */
@@ -144,53 +137,26 @@ static int epilogue_pair(const fuse_ws *w, int32_t i)
     return 1;
 }
 
-/* NOTE [stored heads]: may a group beginning at position i earn a head
- * credit?  The one storage of its first op that allocates, stored, not a
- * graph output, if so;
- * else -1.  The credit itself is mf_pg_head_credit's (mf_sim.c). */
+/* NOTE [stored heads]: the storage a group's first op writes as an extern call,
+ * when that op writes exactly one storage, stored (smat), not a graph output;
+ * else -1. */
 static int32_t head_storage(const fuse_ws *w, int32_t i)
 {
     const mf_pg *pg = w->pg;
-    int32_t u, s;
-    while (i < w->b && pg->oalloc_ptr[w->order[i] + 1] == pg->oalloc_ptr[w->order[i]])
-        i++; /* views before the head allocate nothing */
-    if (i == w->b)
-        return -1;
-    u = w->order[i];
+    int32_t u = w->order[i], s;
     if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
         return -1;
     s = pg->oalloc[pg->oalloc_ptr[u]];
     return pg->smat[s] && !pg->sout[s] && pg->sbytes[s] > 0 ? s : -1;
 }
 
-/* The fusion-aware moves' credit (lenient, NOTE [stored heads]): does the
- * storage s2, allocated at position p, leave the group as a pointwise result
- * of the dead head hs's size? */
+/* Does the storage s2, allocated at position p, take the dead head storage
+ * hs's buffer (NOTE [stored heads])? */
 static int takes_head(const fuse_ws *w, int32_t hs, int32_t s2, int32_t p)
 {
     const mf_pg *pg = w->pg;
     return s2 != hs && !pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && p >= w->lastpos[hs] &&
            pg->pointwise[w->order[p]];
-}
-
-/* The head credit of the group [i, j): the plan's (mf_pg_head_credit), or the
- * moves' lenient one. */
-static int64_t head_credit(const fuse_ws *w, int32_t i, int32_t j)
-{
-    const mf_pg *pg = w->pg;
-    int32_t hs, p, q;
-    if (!w->lenient)
-        return mf_pg_head_credit(pg, w->order, w->pos, i, j);
-    hs = head_storage(w, i);
-    if (hs < 0 || w->lastpos[hs] >= j)
-        return 0;
-    for (p = i + 1; p < j; p++)
-        for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
-            int32_t s = pg->oalloc[q];
-            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
-                return pg->sbytes[hs];
-        }
-    return 0;
 }
 
 /* The value of extending a grouping of value base by a group of cost c. */
@@ -252,20 +218,18 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
                 int32_t s = w->didx[q];
                 if (w->apos[s] >= i && !pg->smat[s]) {
                     A -= pg->sbytes[s];
-                    if (w->lenient && hs >= 0 && w->apos[s] > i && takes_head(w, hs, s, w->apos[s]))
+                    if (hs >= 0 && w->apos[s] > i && takes_head(w, hs, s, w->apos[s]))
                         nsame--;
                 }
             }
             A += w->fa[p];
-            if (w->lenient && hs >= 0)
+            if (hs >= 0)
                 for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
                     int32_t s = pg->oalloc[q];
                     if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
                         nsame++;
                 }
-            c = w->L[i] + A;
-            if (hs >= 0 && w->lastpos[hs] < j)
-                c -= w->lenient ? (nsame > 0 ? pg->sbytes[hs] : 0) : mf_pg_head_credit(pg, w->order, w->pos, i, j);
+            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j && nsame > 0 ? pg->sbytes[hs] : 0);
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
                 val[j - a] = cand;
@@ -273,6 +237,23 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
             }
         }
     }
+}
+
+/* What a fused group [i, j) saves by NOTE [stored heads]: the head storage's
+ * bytes where it dies in the group and an output of the group takes its buffer. */
+static int64_t head_credit(const fuse_ws *w, int32_t i, int32_t j)
+{
+    const mf_pg *pg = w->pg;
+    int32_t hs = head_storage(w, i), p, q;
+    if (hs < 0 || w->lastpos[hs] >= j)
+        return 0;
+    for (p = i + 1; p < j; p++)
+        for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
+            int32_t s = pg->oalloc[q];
+            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
+                return pg->sbytes[hs];
+        }
+    return 0;
 }
 
 /* Cost of the group [i, j) under the current positions (the rules above). */
@@ -318,7 +299,6 @@ static int ws_setup(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *or
         return MF_ENOMEM;
     for (i = 0; i < n; i++)
         pos[order[i]] = i;
-    w->pos = pos;
     for (s = 0; s < pg->ns; s++) {
         int32_t lp = -1, ap = pos[pg->salloc[s]];
         int64_t b = pg->sbytes[s];
@@ -699,7 +679,6 @@ int mf_fuse_refine(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int64_t max_positi
     memcpy(R.ord, order, sizeof(int32_t) * (size_t)n);
     if ((st = ws_setup(ctx, a, pg, R.ord, 1, R.pos, &R.w)))
         return st;
-    R.w.lenient = 1; /* NOTE [stored heads]: the caller regroups the order found with the plan's credit */
     P = group_range(&R.w, 0, full_val, full_parent, R.gs, &R.ng);
     R.gs[R.ng] = n;
     for (g = 0; g < R.ng; g++)

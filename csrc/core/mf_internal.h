@@ -100,11 +100,6 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg);
 int mf_build_preds(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32_t *prod,
                    int32_t **ptr_out, int32_t **idx_out);
 
-/* NOTE [stored heads] (mf_fuse.c): for a fused group at positions [lo, hi)
- * of order (pos: each op's position in it), the bytes of the group's head
- * storage that a result of the group writes over, else 0.  mf_sim.c. */
-int64_t mf_pg_head_credit(const mf_pg *pg, const int32_t *order, const int32_t *pos, int32_t lo, int32_t hi);
-
 /* Is order (n ops) a permutation respecting pg's edges?  scratch: n int32. */
 int mf_pg_order_valid(const mf_pg *pg, const int32_t *order, int32_t *scratch);
 

@@ -20,71 +20,43 @@
 
 #include <string.h>
 
-#define HEAD_CLOSURE_MAX 64 /* ops a head's readers may span; more: no credit */
-
-/* Is storage s read at position hi or later? */
-static int read_from(const mf_pg *pg, const int32_t *pos, int32_t s, int32_t hi)
+/* Is storage s read in a group after g? */
+static int read_after(const mf_pg *pg, const int32_t *grp, int32_t s, int32_t g)
 {
     int32_t q;
     for (q = pg->sread_ptr[s]; q < pg->sread_ptr[s + 1]; q++)
-        if (pos[pg->sread[q]] >= hi)
+        if (grp[pg->sread[q]] > g)
             return 1;
     return 0;
 }
 
-/* NOTE [stored heads] (mf_fuse.c).  The head: the group's first op that
- * allocates (views before it allocate nothing).  The ops of the group that read the head,
- * then those that read what they make, up to storages that reach memory
- * (graph outputs, stored, or read after the group): one Inductor kernel reads
- * the head where all of them are pointwise and make exactly one storage that
- * reaches memory, made at or after the head's last read. */
-int64_t mf_pg_head_credit(const mf_pg *pg, const int32_t *order, const int32_t *pos, int32_t lo, int32_t hi)
+/* NOTE [stored heads] (mf_fuse.c), for the group g at positions [lo, hi) of
+ * order: the head storage's bytes where an output of the group takes its
+ * buffer, else 0. */
+static int64_t head_credit(const mf_pg *pg, const int32_t *order, const int32_t *grp, int32_t lo, int32_t hi,
+                           int32_t g)
 {
-    int32_t list[HEAD_CLOSURE_MAX], n = 0, at, u, hs, q, r, s2 = -1, taker = -1, last;
-    while (lo < hi && pg->oalloc_ptr[order[lo] + 1] == pg->oalloc_ptr[order[lo]])
-        lo++; /* views (of the GEMM's operands, say) before it */
-    u = lo < hi ? order[lo] : 0;
-    last = lo;
-    if (hi - lo < 2 || pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
+    int32_t u = order[lo], hs, q, p, lp = lo;
+    if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
         return 0;
     hs = pg->oalloc[pg->oalloc_ptr[u]];
-    if (!pg->smat[hs] || pg->sout[hs] || pg->sbytes[hs] <= 0)
+    if (!pg->smat[hs] || pg->sout[hs] || pg->sbytes[hs] <= 0 || read_after(pg, grp, hs, g))
         return 0;
-    for (q = pg->sread_ptr[hs]; q < pg->sread_ptr[hs + 1]; q++) {
-        int32_t k = pg->sread[q];
-        if (pos[k] >= hi || n == HEAD_CLOSURE_MAX)
-            return 0;
-        last = pos[k] > last ? pos[k] : last;
-        list[n++] = k;
-    }
-    for (at = 0; at < n; at++) {
-        int32_t k = list[at];
-        if (!pg->pointwise[k]) /* a view that keeps each element's index is pointwise too */
-            return 0;
-        for (q = pg->oalloc_ptr[k]; q < pg->oalloc_ptr[k + 1]; q++) {
-            int32_t s = pg->oalloc[q];
-            if (pg->sout[s] || pg->smat[s] || read_from(pg, pos, s, hi)) {
-                if (s2 >= 0)
-                    return 0; /* two kernels' outputs read the head */
-                s2 = s;
-                taker = k;
-                continue;
-            }
-            for (r = pg->sread_ptr[s]; r < pg->sread_ptr[s + 1]; r++) {
-                int32_t x = pg->sread[r], i;
-                for (i = 0; i < n && list[i] != x; i++)
-                    ;
-                if (i == n) {
-                    if (n == HEAD_CLOSURE_MAX)
-                        return 0;
-                    list[n++] = x;
-                }
-            }
+    for (p = lo + 1; p < hi; p++)
+        for (q = pg->sread_ptr[hs]; q < pg->sread_ptr[hs + 1]; q++)
+            if (pg->sread[q] == order[p])
+                lp = p;
+    for (p = lp > lo + 1 ? lp : lo + 1; p < hi; p++) {
+        int32_t v = order[p];
+        if (!pg->pointwise[v])
+            continue;
+        for (q = pg->oalloc_ptr[v]; q < pg->oalloc_ptr[v + 1]; q++) {
+            int32_t s2 = pg->oalloc[q];
+            if (!pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && (pg->sout[s2] || read_after(pg, grp, s2, g)))
+                return pg->sbytes[hs];
         }
     }
-    if (s2 < 0 || pg->sbytes[s2] != pg->sbytes[hs] || pos[taker] < last)
-        return 0;
-    return pg->sbytes[hs];
+    return 0;
 }
 
 int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
@@ -92,7 +64,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
                    int64_t *step_bytes, int64_t *live_after)
 {
     int32_t n = pg->n, i, k, s, j;
-    int32_t *grp, *gsize, *pos;
+    int32_t *grp, *gsize;
     uint8_t *pair;
     int64_t *diff, *cnt, peak = 0, live = 0;
 
@@ -116,8 +88,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
     cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
     pair = (uint8_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, 1);
-    pos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-    if (!grp || !gsize || !diff || !cnt || !pair || !pos)
+    if (!grp || !gsize || !diff || !cnt || !pair)
         return MF_ENOMEM;
     for (k = 0; k < n; k++)
         grp[k] = -1;
@@ -132,7 +103,6 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
             if (grp[v] >= 0)
                 return mf_set_error(ctx, MF_EINVAL, "order is not a permutation: op %d appears twice", (int)v);
             grp[v] = i;
-            pos[v] = j;
         }
         pair[i] = (uint8_t)(hi - lo == 2 && pg->epi[order[lo + 1]] == order[lo]);
     }
@@ -154,7 +124,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     }
     for (i = 0; i < n_groups; i++) /* NOTE [stored heads] (mf_fuse.c) */
         if (gsize[i] > 1 && !pair[i])
-            cnt[i] -= mf_pg_head_credit(pg, order, pos, group_ptr[i], group_ptr[i + 1]);
+            cnt[i] -= head_credit(pg, order, grp, group_ptr[i], group_ptr[i + 1], i);
     for (i = 0; i < n_groups; i++) {
         int64_t during = live + cnt[i];
         live += diff[i];

@@ -36,7 +36,6 @@ static int h_int(int n) /* [0, n) */
 static void random_graph(mf_gbuf *b, int n)
 {
     int k, gemm = -1; /* the last stored op's result */
-    uint8_t claimed[HVMAX] = {0}; /* a GEMM result given one pointwise reader: others mostly leave it */
     mf_gbuf_init(b, NULL);
     mf_gbuf_add_value(b, 8, 1);
     mf_gbuf_add_value(b, 16, 1);
@@ -49,20 +48,12 @@ static void random_graph(mf_gbuf *b, int n)
             mf_test_view_of(b, 2 + h_int(nv - 2));
         } else {
             /* a pointwise op often reads the last GEMM's result (a GELU gradient over a matmul) */
-            int64_t size = h_int(5) ? 16 : 8;
-            if (fus == MF_FUSIBLE_POINTWISE && gemm >= 0 && h_int(3)) {
+            if (fus == MF_FUSIBLE_POINTWISE && gemm >= 0 && h_int(3))
                 mf_gbuf_op_in(b, gemm);
-                claimed[gemm] = 1;
-                size = b->value_bytes[gemm];
-                gemm = -1;
-            }
-            for (i = 0; i < nin; i++) {
-                int32_t x = h_int(nv);
-                mf_gbuf_op_in(b, claimed[x] && h_int(4) ? 0 : x);
-            }
-            /* GEMM results the largest, as in a transformer's MLP, and a pointwise result over one
-             * of its size */
-            v = mf_gbuf_add_value(b, fus == MF_FUSIBLE_STORED ? 32 : size, 0);
+            for (i = 0; i < nin; i++)
+                mf_gbuf_op_in(b, h_int(nv));
+            /* mostly one size, so a pointwise result can take a head's buffer */
+            v = mf_gbuf_add_value(b, h_int(5) ? 16 : 8, 0);
             mf_gbuf_op_out(b, v);
             if (fus == MF_FUSIBLE_STORED)
                 gemm = v;
@@ -155,53 +146,26 @@ static int64_t href_peak(const mf_graph_desc *d, const href *r, const int32_t *o
             else if (a < t && (r->out[s] || last >= t))
                 during += d->value_bytes[s];
         }
-        while (credit && lo < hi && r->nalloc[order[lo]] == 0)
-            lo++; /* views before the head */
-        if (credit && hi - lo > 1 && r->nalloc[order[lo]] == 1) {
-            /* the head h dies in the group; the ops reading it, then those reading what they make
-             * up to values that reach memory (outputs, stored, read after the group): all
-             * pointwise, exactly one value reaching memory, of h's size, made at or after h's last
-             * read */
-            int h = r->head[order[lo]], ok = r->mat[h] && !r->out[h] && d->value_bytes[h] > 0;
-            int in[HMAX] = {0}, grew = 1, last = lo, s2 = -1, taker = -1;
-            for (k = 0; k < r->n; k++)
+        if (credit && size > 1 && r->nalloc[order[lo]] == 1) {
+            int h = r->head[order[lo]], lp = lo + 1, p, ok = r->mat[h] && !r->out[h] && d->value_bytes[h] > 0;
+            for (k = 0; k < r->n && ok; k++)
                 if (r->readers[h] >> k & 1) {
                     ok &= grp[k] <= t;
-                    in[k] = 1;
-                    last = pos[k] > last ? pos[k] : last;
+                    if (grp[k] == t && pos[k] > lp)
+                        lp = pos[k];
                 }
-            while (ok && grew) {
-                grew = 0;
-                for (k = 0; k < r->n; k++) {
-                    int x = r->head[k], j2, later = 0;
-                    if (!in[k] || r->nalloc[k] == 0)
-                        continue;
-                    for (j2 = 0; j2 < r->n; j2++)
-                        later |= (r->readers[x] >> j2 & 1) && grp[j2] > t;
-                    if (r->out[x] || r->mat[x] || later)
-                        continue;
-                    for (j2 = 0; j2 < r->n; j2++)
-                        if ((r->readers[x] >> j2 & 1) && !in[j2])
-                            in[j2] = grew = 1;
-                }
-            }
-            for (k = 0; k < r->n && ok; k++) {
-                int x = r->head[k], j2, later = 0;
-                if (!in[k])
+            for (p = lp; p < hi && ok; p++) {
+                int u = order[p], s2 = r->head[u], after = 0;
+                if (!r->pointwise[u] || r->nalloc[u] != 1 || r->mat[s2] ||
+                    d->value_bytes[s2] != d->value_bytes[h])
                     continue;
-                ok &= r->pointwise[k] && r->nalloc[k] == 1;
-                if (!ok)
+                for (k = 0; k < r->n; k++)
+                    after |= (r->readers[s2] >> k & 1) && grp[k] > t;
+                if (r->out[s2] || after) {
+                    during -= d->value_bytes[h];
                     break;
-                for (j2 = 0; j2 < r->n; j2++)
-                    later |= (r->readers[x] >> j2 & 1) && grp[j2] > t;
-                if (r->out[x] || r->mat[x] || later) {
-                    ok &= s2 < 0;
-                    s2 = x;
-                    taker = k;
                 }
             }
-            if (ok && s2 >= 0 && d->value_bytes[s2] == d->value_bytes[h] && pos[taker] >= last)
-                during -= d->value_bytes[h];
         }
         if (during > peak)
             peak = during;

@@ -154,10 +154,6 @@ def epilogue_pair(gemm, act) -> bool:
     return pair_by_roles(epilogue_role, gemm, act)
 
 
-# views that keep each element's linear index (of a contiguous tensor), under Thunder's and the torch
-# executor's names
-_INDEX_VIEWS = frozenset({"reshape", "view", "flatten", "unsqueeze", "squeeze", "shallow_copy",
-                          "torch_prims_reshape_impl", "torch_reshape_prim_impl", "torch_squeeze_prim_impl"})
 STORED = 2  # the core's MF_FUSIBLE_STORED (NOTE [extern ops in regions])
 POINTWISE = 3  # the core's MF_FUSIBLE_POINTWISE (NOTE [pointwise over an extern result])
 
@@ -172,16 +168,12 @@ def is_pointwise(bsym) -> bool:
     result is read for the last time or later, takes its buffer: the GELU gradient of a
     transformer's MLP over the matmul that makes its incoming gradient.  An op is pointwise here
     when it makes one tensor and reads only tensors of that tensor's shape, with no reduction,
-    no row-wise op, no view and no extern call; or when it is a view that keeps every element's
-    index (a reshape of a GEMM's result: Inductor reads it through the same buffer, not a
-    transpose or a broadcast).  csrc/core/mf_fuse.c NOTE [stored heads] counts the buffer once
-    where one such kernel is the only reader."""
+    no row-wise op, no view and no extern call (csrc/core/mf_fuse.c NOTE [stored heads] counts the
+    buffer once)."""
     from thunder.core.prims import OpTags
     from thunder.core.proxies import TensorProxy
     from thunder.core.symbol import gather_tags
 
-    if bsym.sym.name in _INDEX_VIEWS:
-        return True
     if is_extern(bsym) or bsym.sym.name in _ROWWISE_NAMES:
         return False
     tags = gather_tags(bsym)
