@@ -15,7 +15,9 @@ X, e.g. compile-amb0.5); thunder (thunder.jit); tc (executors=["torchcompile"]);
 tc+memfuse; tc+memfuse@M: the same with MemFuse(memory_budget=M MiB).
 Per row: the measured peak of the second step (torch.profiler's CPU allocations above what is live at
 the call), the median step time of the next rounds, the loss and its difference from eager's (every
-variant starts from the same weights).  Configs: plain, ckpt (torch.utils.checkpoint around each block).
+variant starts from the same weights); for memfuse variants also report()'s planned backward peak and its
+compiled_peak_bytes (the backward's Inductor regions counted by their programs' buffers).
+Configs: plain, ckpt (torch.utils.checkpoint around each block).
 
     python benchmarks/real_sizes.py --budgets 1.0,0.5,0.2 [--only ...] [--configs ...]
 
@@ -155,8 +157,14 @@ def one(name, ckpt, variant, rounds):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"peak_mib": peak / MIB, "step_ms": 1e3 * statistics.median(times), "first_s": first,
-            "loss": float(loss)}
+    out = {"peak_mib": peak / MIB, "step_ms": 1e3 * statistics.median(times), "first_s": first, "loss": float(loss)}
+    if "memfuse" in variant:  # what memfuse planned for the backward, and its regions' compiled buffers
+        from thunder_memfuse import report
+
+        bw = report(fn).get("backward") or {}
+        out["bw_planned_mib"] = bw.get("peak_after_bytes", 0) / MIB
+        out["bw_compiled_mib"] = (bw.get("compiled_peak_bytes") or 0) / MIB
+    return out
 
 
 def main(argv=None):
@@ -203,7 +211,9 @@ def _row(variant, r, ref_loss):
     if r is None:
         return
     d = "" if ref_loss is None else f"  dloss {abs(r['loss'] - ref_loss):.1e}"
-    print(f"  {variant:22s} peak {r['peak_mib']:8.1f}  step {r['step_ms']:8.0f} ms  first {r['first_s']:6.1f} s{d}",
+    bw = (f"  backward planned {r['bw_planned_mib']:.2f} / compiled {r['bw_compiled_mib']:.2f} MiB"
+          if "bw_planned_mib" in r else "")
+    print(f"  {variant:22s} peak {r['peak_mib']:8.1f}  step {r['step_ms']:8.0f} ms  first {r['first_s']:6.1f} s{d}{bw}",
           flush=True)
 
 
