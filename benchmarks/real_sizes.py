@@ -5,6 +5,8 @@
 Workloads (issue 33's):
 - prelm1024 / prelm2048: a pre-LN transformer (LayerNorm, F.scaled_dot_product_attention causal, tanh
   GELU MLP), d 256, 4 heads, 2 layers, batch 2 x 1024 (2048) tokens.
+- small128: issue 33's small user model: the same pre-LN transformer at d 128, 4 heads, 4 layers, batch 8 x
+  128 tokens (its target is the checkpointed step below eager's peak).
 - llama1024: the Llama-style decoder of benchmarks/workloads.py, n_embd 1024, 8 heads, 2 layers, seq 512,
   batch 2.
 A workload named with "+loss" (prelm1024+loss) computes the cross-entropy inside the compiled module,
@@ -98,7 +100,10 @@ def build(name, ckpt):
         model, idx, targets = build(name[:-len("+loss")], ckpt)
         return WithLoss(model), idx, targets
     torch.manual_seed(0)
-    if name.startswith("prelm"):
+    if name == "small128":
+        model = PreLM(dim=128, layers=4, seq=128, checkpoint=ckpt)
+        idx = torch.randint(0, 1024, (8, 128))
+    elif name.startswith("prelm"):
         seq = int(name[len("prelm"):])
         model = PreLM(seq=seq, checkpoint=ckpt)
         idx = torch.randint(0, 1024, (2, seq))

@@ -14,6 +14,18 @@ reach the sink in the residual graph of a maximum flow, a set every maximum flow
 pass's result is Thunder's, value for value (tests/test_rematerialize.py compares the two on real
 joint traces, which also catches a Thunder release whose graph differs from this one).
 
+NOTE [consumers already rewritten]  The one place where this walk departs from Thunder's.  Thunder
+asks which of a producer's outputs some other op still reads (find_external_producer_outputs) by
+looking them up in the trace's consumers as they were before the walk, and leaves out the pair's
+consumer and the producer's later consumers as they are now.  Once an earlier pair has rewritten a
+consumer (a layer's backward region reading the attention's, then the MLP's forward regions), the
+two are different bound symbols, so the consumer's own reads count as another op's: every output of
+every later producer it reads is kept, and nothing more is recomputed there.  On a GPT-2 step every
+intermediate of the tanh GELU was saved for that reason.  Here an op is "another" only where it is
+neither the pair's consumer nor a later consumer, as they were before the walk or as they are now;
+everything else is Thunder's.  tests/test_rematerialize.py compares the walk with Thunder's, that one
+lookup aside, and checks a trace where the two differ.
+
 Capacities are Thunder's (a tensor's dtype bytes, a number 0, any other proxy 1, halved for the
 producer's own arguments), doubled so that they are integers.  Where networkx's DiGraph would keep
 the last of two equal edges, so does this graph; the edges are the same in every case but the
@@ -33,7 +45,6 @@ def rematerialize(trace):
     from thunder.core import utils
     from thunder.core.rematerialization import (apply_rematerialization_for_consumer,
                                                 apply_rematerialization_for_producer,
-                                                find_external_producer_outputs,
                                                 find_fusion_producer_consumer_pairs)
     from thunder.core.trace import from_trace
 
@@ -43,9 +54,11 @@ def rematerialize(trace):
     cuts_so_far = defaultdict(tuple)
     for i, (producer, consumer) in enumerate(pairs):
         cur_producer, cur_consumer = current[producer], current[consumer]
-        # the producer's later consumers, as they are now: what they read must stay an output
-        later = tuple(current[c] for _, c in takewhile(lambda pc: pc[0] is producer, pairs[i + 1:]))
-        external = find_external_producer_outputs(static_consumers, later, cur_producer, cur_consumer)
+        # the producer's later consumers: what they read must stay an output
+        later_static = tuple(c for _, c in takewhile(lambda pc: pc[0] is producer, pairs[i + 1:]))
+        later = tuple(current[c] for c in later_static)
+        external = external_producer_outputs(static_consumers, later, cur_producer, cur_consumer,
+                                             (consumer, *later_static))
         cut = find_cut(external, cur_producer, cur_consumer)
         if not cut:
             continue
@@ -58,6 +71,31 @@ def rematerialize(trace):
     out = from_trace(trace)
     out.bound_symbols = tuple(current.get(b, b) for b in trace.bound_symbols)
     return out
+
+
+def external_producer_outputs(static_consumers, later, producer, consumer, static_pair_consumers=()):
+    """thunder.core.rematerialization.find_external_producer_outputs: the producer's outputs that
+    must stay outputs, since an op other than the pair's consumer (or the producer's later consumers,
+    `later`) reads them.  The ops that do not count are those as they are now and, as
+    `static_pair_consumers`, as they were before the walk (NOTE [consumers already rewritten]);
+    without them this is Thunder's function."""
+    from thunder.core import prims, utils
+
+    local = utils.consumers(list(chain((producer, consumer), later)))
+    ours = {id(b) for b in chain((consumer,), later, static_pair_consumers)}
+    arg_names = {x.name for x in consumer.args}
+
+    def rematerializable(out):
+        here = local.get(out, ())
+        if len(here) > 1:
+            return False
+        if any(x.sym is not prims.python_del and id(x) not in ours and x not in (consumer, *later)
+               for x in static_consumers.get(out, ())):
+            return False
+        return not here or out.name in arg_names
+
+    keep = {x.name for x in producer.output if rematerializable(x)}
+    return tuple(x for x in producer.output if x.name not in keep)
 
 
 def find_cut(external_producer_outputs, producer, consumer) -> tuple:
