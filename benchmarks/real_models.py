@@ -27,7 +27,8 @@ Per row: status (ok / MemFuseWarning / exception / mismatch), max |grad diff| re
 max (and loss diff) against Thunder with the same executors (thunder for eager, memfuse;
 tc for tc+memfuse; dropout rows compare under one seed), the measured peak of the second step
 (torch.profiler allocations above what is live at the call) and, for memfuse rows, the peak of the
-same jit without memfuse beside it.  Skips cleanly without transformers / litgpt.
+same jit without memfuse beside it, and the bytes of the parameters' gradients (the step returns them, so
+no mode's peak can be below them).  Skips cleanly without transformers / litgpt.
 """
 from __future__ import annotations
 
@@ -219,7 +220,9 @@ def run_one(name, ckpt, mode, batch, seq, vocab, do_compare=False):
         idx = torch.randint(0, vocab, (batch, seq), generator=g)
         tgt = torch.randint(0, vocab, (batch, seq), generator=g)
     params = [p for p in model.parameters() if p.requires_grad]
-    res = {"warnings": [], "logs": [], "error": None, "peak": None, "loss": None, "grads": None, "cmp": None}
+    res = {"warnings": [], "logs": [], "error": None, "peak": None, "loss": None, "grads": None, "cmp": None,
+           # the parameters' gradients, which every step holds at its end: no peer's peak is below them
+           "grad_mib": sum(p.numel() * p.element_size() for p in params) / MIB}
     log = _LogCatcher()
     logging.getLogger("thunder_memfuse").addHandler(log)
 
@@ -344,7 +347,7 @@ def main(argv=None):
         except Exception:  # noqa: BLE001
             pass
     print(", ".join(vers), f"| {a.layers} layers x {a.hidden}, batch {a.batch}, seq {a.seq}, vocab {a.vocab}, fp32 CPU")
-    hdr = f"{'model':14} {'config':5} {'mode':11} {'status':10} {'loss d':>8} {'grad d':>8} {'peak MiB':>9} {'w/o MiB':>8} {'first s':>7}"
+    hdr = f"{'model':14} {'config':5} {'mode':11} {'status':10} {'loss d':>8} {'grad d':>8} {'peak MiB':>9} {'w/o MiB':>8} {'grads MiB':>9} {'first s':>7}"
     print(hdr + "\n" + "-" * len(hdr), flush=True)
     failures, rows = [], []
     for n in names:
@@ -371,7 +374,7 @@ def main(argv=None):
                 above = pk is not None and wo is not None and pk > wo * 1.001
                 f = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
                 print(f"{n:14} {cfg:5} {mode:11} {status + ('↑' if above else ''):10} {f(ld, '8.1e'):>8} {f(gd, '8.1e'):>8} "
-                      f"{f(pk, '9.2f'):>9} {f(wo, '8.2f'):>8} {f(r.get('first_s'), '7.1f'):>7}", flush=True)
+                      f"{f(pk, '9.2f'):>9} {f(wo, '8.2f'):>8} {f(r.get('grad_mib'), '9.2f'):>9} {f(r.get('first_s'), '7.1f'):>7}", flush=True)
                 rows.append((n, cfg, mode, status, ld, gd, pk, wo))
                 if status not in ("ok", "rng-diff") or r["logs"]:
                     failures.append((n, cfg, mode, status, r, ld, gd))
