@@ -94,7 +94,8 @@ typedef struct mf_graph_desc {
     /* n_ops; may be NULL (nothing fusible).  0: runs alone; MF_FUSIBLE: may
      * join a fused group, whose inner values are never stored; MF_FUSIBLE_STORED:
      * may join one, but as an extern call of the group's program (a GEMM in an
-     * Inductor region), so every storage it reads or allocates is stored while
+     * Inductor region) or a buffer the program writes whole (a scatter), so
+     * every storage it reads or allocates is stored while
      * its group runs (NOTE [stored inner values], mf_fuse.c); it is never an
      * epilogue.  MF_FUSIBLE_POINTWISE: MF_FUSIBLE, and elementwise (each
      * output element from the same element of reads of its own shape), so its

@@ -17,6 +17,15 @@ peak, and the seed keeps its paths apart (benchmarks/RESULTS.md).  Fewer regions
 [gemm, elementwise op of its result alone] (mf_fuse.c NOTE [epilogue pairs]) keeps its exact rule:
 Inductor writes the elementwise result over the GEMM's buffer, so the pair stores one tensor.
 
+NOTE [scatters are stored]: Inductor lowers an op that writes scattered positions of a fresh tensor
+(nll_loss_backward and embedding_backward decompose into zeros followed by a scatter or an
+index_put; scatter, index_put, index_add, index_copy themselves) to a buffer it must write in memory
+before anything reads it: no consumer's loop can compute an element of it in place.  Counted as an
+inner value that never reaches memory, a cross-entropy's backward region [nll_loss_backward,
+log_softmax_backward] was planned at one logits-sized tensor and its program held two, and
+MemFuse(memory_budget=...) called a plan fitting that measured above the budget.  Such an op is
+STORED too (_REALIZED_NAMES): its result and what it reads count as stored while its region runs.
+
 NOTE [functional region programs]: a region holds no in-place op of the trace, but the torch
 implementations of some functional Thunder ops write in place inside (copy_with_setitem clones its
 input, then assigns into the clone).  compile_fx_inner expects the functional graph AOTAutograd would
@@ -112,6 +121,26 @@ _EXTERN_NAMES = frozenset({
 })
 
 
+_REALIZED_NAMES = frozenset({  # NOTE [scatters are stored]
+    "nll_loss_backward", "nll_loss2d_backward", "embedding_backward", "embedding_dense_backward",
+    "scatter", "scatter_add", "scatter_reduce", "index_put", "index_add", "index_copy", "masked_scatter",
+})
+
+
+def is_realized(bsym) -> bool:
+    """Does Inductor always write bsym's result to a buffer of its own (NOTE [scatters are stored])?
+    Read from the names: Thunder's (nll_loss_backward), its torch executor's
+    (torch_nll_loss_backward_impl) and aten's (torch.ops.aten.embedding_backward)."""
+    from .._symbols import _base_name
+
+    for n in {_base_name(bsym.sym.name), _base_name(bsym.sym.id)}:
+        if n.startswith("torch_") and n.endswith("_impl"):
+            n = n[len("torch_"):-len("_impl")]
+        if n.lstrip("_").removesuffix("_") in _REALIZED_NAMES:
+            return True
+    return False
+
+
 _ROWWISE_NAMES = frozenset({
     "softmax", "_softmax", "log_softmax", "_log_softmax", "layer_norm", "rms_norm", "group_norm",
     "batch_norm", "instance_norm", "cumsum", "cumprod", "logsumexp", "sort", "topk",
@@ -144,6 +173,8 @@ def epilogue_role(bsym) -> int:
     if is_extern(bsym):
         return _C.EPI_HEAD if sum(isinstance(o, TensorProxy) for o in bsym.flat_proxy_outs) == 1 else 0
     if not fusible(bsym) or bsym.sym.name in _ROWWISE_NAMES or OpTags.REDUCTION_OP in gather_tags(bsym):
+        return 0
+    if is_realized(bsym):  # NOTE [scatters are stored]: its result is written whole first
         return 0
     return _C.EPI_TAIL if same_as_one_read(bsym) else 0
 
@@ -225,16 +256,18 @@ def fusible(bsym) -> int:
     """Can bsym be part of a torch.compile region: the torchcompile executor can claim it, its
     outputs are tensors, and it neither draws random numbers nor has an ordered effect.  0: no;
     1: yes; STORED: yes, as an extern call whose tensors are stored (NOTE [extern ops in
-    regions]); POINTWISE: yes, and pointwise (NOTE [pointwise over an extern result])."""
+    regions]), or a scatter whose result is (NOTE [scatters are stored]); POINTWISE: yes, and pointwise (NOTE [pointwise over an extern result])."""
     from .._symbols import _base_name
 
     if not tensor_op(bsym) or not pure(bsym) or bsym.sym.id in _autograd_vjps():
         return 0
     if _executor().can_fuse(bsym):
-        return STORED if is_extern(bsym) else (POINTWISE if is_pointwise(bsym) else 1)
+        return STORED if is_extern(bsym) or is_realized(bsym) else (POINTWISE if is_pointwise(bsym) else 1)
     orig = _torch_impl_of().get(bsym.sym.id)
     if orig is not None and orig in _executor().implmap:
-        return STORED if _base_name(orig) in _EXTERN_NAMES else (POINTWISE if is_pointwise(bsym) else 1)
+        if _base_name(orig) in _EXTERN_NAMES or is_realized(bsym) or _base_name(orig) in _REALIZED_NAMES:
+            return STORED
+        return POINTWISE if is_pointwise(bsym) else 1
     return 0
 
 
