@@ -26,6 +26,14 @@ neither the pair's consumer nor a later consumer, as they were before the walk o
 everything else is Thunder's.  tests/test_rematerialize.py compares the walk with Thunder's, that one
 lookup aside, and checks a trace where the two differ.
 
+The departure is taken only where the pair's producer lies in the joint trace's forward part: there
+a cut decides what the forward saves for the backward, which nothing after this pass changes (with
+memory_budget="auto").  A producer in the backward part (a checkpointed block's forward computed again
+there) keeps Thunder's lookup: what the backward computes twice is already the planner's own choice,
+made against the modelled peak (csrc/core/mf_remat.c), and a wider memory-blind cut there moved the
+recomputed forward chains into the backward's regions, which then measured higher (pre-LN
+checkpointed steps at 1024 and 2048 tokens, benchmarks/RESULTS.md).
+
 Capacities are Thunder's (a tensor's dtype bytes, a number 0, any other proxy 1, halved for the
 producer's own arguments), doubled so that they are integers.  Where networkx's DiGraph would keep
 the last of two equal edges, so does this graph; the edges are the same in every case but the
@@ -50,6 +58,7 @@ def rematerialize(trace):
 
     static_consumers = utils.consumers(trace)
     pairs = find_fusion_producer_consumer_pairs(trace, proxy_to_consumers=static_consumers)
+    backward = backward_part(trace)
     current = {b: b for b in chain.from_iterable(pairs)}
     cuts_so_far = defaultdict(tuple)
     for i, (producer, consumer) in enumerate(pairs):
@@ -58,7 +67,7 @@ def rematerialize(trace):
         later_static = tuple(c for _, c in takewhile(lambda pc: pc[0] is producer, pairs[i + 1:]))
         later = tuple(current[c] for c in later_static)
         external = external_producer_outputs(static_consumers, later, cur_producer, cur_consumer,
-                                             (consumer, *later_static))
+                                             () if id(producer) in backward else (consumer, *later_static))
         cut = find_cut(external, cur_producer, cur_consumer)
         if not cut:
             continue
@@ -71,6 +80,16 @@ def rematerialize(trace):
     out = from_trace(trace)
     out.bound_symbols = tuple(current.get(b, b) for b in trace.bound_symbols)
     return out
+
+
+def backward_part(trace) -> set:
+    """ids of the bound symbols of a joint trace's backward part, as Thunder's split assigns them
+    (NOTE [consumers already rewritten]); empty for any other trace."""
+    from ._saved_set import backward_indices, is_joint
+
+    if not is_joint(trace):
+        return set()
+    return {id(trace.bound_symbols[i]) for i in backward_indices(trace)}
 
 
 def external_producer_outputs(static_consumers, later, producer, consumer, static_pair_consumers=()):

@@ -78,6 +78,11 @@ def _parts(joint):
     return fw_names, backward
 
 
+def backward_indices(joint) -> list:
+    """Indices of the bound symbols of a joint trace's backward part (_parts)."""
+    return _parts(joint)[1]
+
+
 def _producers(joint, fw_names) -> dict:
     """{forward name: the bound symbol of the joint trace that makes it}."""
     producer = {}
