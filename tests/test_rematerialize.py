@@ -197,44 +197,16 @@ def test_rewritten_consumer_still_recomputes(monkeypatch):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
-class _PreLNBlock(nn.Module):
-    def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
-
-
-class _CheckpointedLM(nn.Module):
-    def __init__(self, vocab=128, d=32, seq=16):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(_PreLNBlock(d) for _ in range(2))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        for b in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
-        return self.head(self.ln(x))
-
-
 @pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")
 def test_backward_producers_keep_thunders_lookup(monkeypatch):
     """NOTE [consumers already rewritten]: a producer in the backward part (a checkpointed block's
     forward computed again) keeps Thunder's lookup; the departure applied there too would cut
     differently in this trace."""
+    from benchmarks.real_sizes import PreLM
+
     torch.manual_seed(0)
-    model, idx = _CheckpointedLM(), torch.randint(0, 128, (2, 16))
+    model = PreLM(vocab=128, dim=32, heads=4, layers=2, seq=16, checkpoint=True)
+    idx = torch.randint(0, 128, (2, 16))
     traces = _joint_traces(model, idx, monkeypatch)
     assert traces, "memfuse's fusion pass did not run"
     for _, fused, _ in traces:
