@@ -54,6 +54,7 @@ import threading
 import tokenize
 
 from .._memo import memoized
+from . import inductor_fixes
 from .base import Group, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read, tensor_op
 from .inductor_buffers import buffer_peak
 
@@ -428,7 +429,8 @@ class InductorRegion:
             fn = self.dynamo()
 
             def boxed(args, fn=fn):
-                return fn(*args)
+                with inductor_fixes.applied():  # Dynamo compiles on a call (inductor_fixes.py NOTE)
+                    return fn(*args)
 
             self.dynamo_fn = boxed
         return self.dynamo_fn
@@ -445,7 +447,7 @@ class InductorRegion:
                     self.why_dynamo = f"more than {MAX_VARIANTS} size and stride patterns"
                 return self._shared()
             try:
-                with torch.no_grad():
+                with torch.no_grad(), inductor_fixes.applied():  # NOTE [Inductor bugs worked around]
                     compiled = _inductor_compile(_aten_graph(self.fn, args), args)
                 self.peaks[key] = buffer_peak(getattr(compiled, "source_code", None))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
