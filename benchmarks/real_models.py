@@ -4,7 +4,7 @@
                                      [--seq 64] [--batch 2] [--compare]
 
 Models are built from configs (no weights): transformers GPT2LMHeadModel, LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM (loss computed inside the model from labels), an encoder
+MistralForCausalLM, Qwen2ForCausalLM, FalconForCausalLM (loss computed inside the model from labels), an encoder
 (BertModel with a token head) and a vision transformer (ViTModel on 32x32 images of 4x4 patches, 64
 patches whatever --seq, with a class-token head; loss in a wrapper), gpt2 with dropout on
 (random ops), and litgpt.GPT for a Pythia-style and a Llama-3-style Config (loss in a wrapper module,
@@ -64,6 +64,10 @@ def _hf(kind, ckpt, vocab, dropout=False):
                            resid_pdrop=p, embd_pdrop=p,
                            attn_pdrop=p, **common)
         m = T.GPT2LMHeadModel(cfg)
+    elif kind == "falcon":  # multi-query attention (one key/value head), attention and MLP in parallel
+        m = T.FalconForCausalLM(T.FalconConfig(hidden_size=SIZE["hidden"], num_hidden_layers=SIZE["layers"],
+                                               num_attention_heads=4, max_position_embeddings=SIZE["positions"],
+                                               **common))
     else:
         cls = {"llama": (T.LlamaConfig, T.LlamaForCausalLM), "mistral": (T.MistralConfig, T.MistralForCausalLM),
                "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM)}[kind]
@@ -156,6 +160,7 @@ MODELS = {
     "llama": ("transformers", lambda c, v: _hf("llama", c, v)),
     "mistral": ("transformers", lambda c, v: _hf("mistral", c, v)),
     "qwen2": ("transformers", lambda c, v: _hf("qwen2", c, v)),
+    "falcon": ("transformers", lambda c, v: _hf("falcon", c, v)),
     "litgpt-pythia": ("litgpt", lambda c, v: _litgpt("pythia-14m", c, v)),
     "litgpt-llama3": ("litgpt", lambda c, v: _litgpt("Llama-3.2-1B", c, v, n_query_groups=2,
                                                       intermediate_size=2 * SIZE["hidden"])),
