@@ -20,13 +20,14 @@ B, H, T, E = 2, 4, 48, 16
 
 class Attn(torch.nn.Module):
     def __init__(self, *, causal=False, mask=None, dropout=0.0, kv_heads=H, lk=None, dtype=torch.float32,
-                 ckpt=False):
+                 ckpt=False, broadcast=False):
         super().__init__()
         self.ckpt = ckpt
         self.q = torch.nn.Linear(E, H * E, dtype=dtype)
         self.k = torch.nn.Linear(E, kv_heads * E, dtype=dtype)
         self.v = torch.nn.Linear(E, kv_heads * E, dtype=dtype)
         self.causal, self.mask, self.dropout, self.kv_heads, self.lk = causal, mask, dropout, kv_heads, lk
+        self.broadcast = broadcast  # multi-query attention as Falcon runs it: one k/v head, broadcast
 
     def forward(self, x, mem):
         q = self.q(x).view(B, T, H, E).transpose(1, 2)
@@ -34,7 +35,7 @@ class Attn(torch.nn.Module):
         L = src.shape[1]
         k = self.k(src).view(B, L, self.kv_heads, E).transpose(1, 2)
         v = self.v(src).view(B, L, self.kv_heads, E).transpose(1, 2)
-        if self.kv_heads < H:  # grouped-query attention as HF and LitGPT models run it: k and v repeated
+        if self.kv_heads < H and not self.broadcast:  # grouped-query attention as HF and LitGPT models run it: k and v repeated
             k, v = (t.repeat_interleave(H // self.kv_heads, dim=1) for t in (k, v))
         def attend(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=self.dropout,
@@ -68,6 +69,9 @@ CASES = {
     "padding mask": dict(mask=torch.where(torch.arange(T) < T - 5, 0.0, -math.inf).view(1, 1, 1, T).expand(B, 1, T, T)),
     "cross attention": dict(lk=32),
     "grouped-query": dict(kv_heads=2, causal=True),
+    "multi-query broadcast": dict(kv_heads=1, causal=True, broadcast=True),
+    "multi-query broadcast, masked, checkpointed": dict(
+        kv_heads=1, broadcast=True, mask=torch.rand(T, T, generator=torch.Generator().manual_seed(5)) > 0.3, ckpt=True),
     "checkpointed": dict(causal=True, ckpt=True),
     "float64": dict(dtype=torch.float64),
 }
@@ -150,6 +154,12 @@ def test_the_checker_leaves_cuda_and_declines_what_it_cannot_run():
         assert "is_causal" in attention.declined(q, q, q, m32, 0.0, True)
         assert "3-D attention mask" in attention.declined(q, q, q, m3)
         assert attention.declined(q, q, q, m32) is None and attention.declined(q, q, q, None, 0.0, True) is None
+        k1 = TensorProxy(shape=(B, 1, T, E), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        k11 = TensorProxy(shape=(1, 1, T, E), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        k2 = TensorProxy(shape=(B, 2, T, E), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+        assert attention.declined(q, k1, k1) is None and attention.declined(q, k11, k1) is None  # broadcast
+        assert "broadcast" in attention.declined(q, k2, k2)  # 2 heads for 4: neither equal nor broadcast
+        assert "broadcast" in attention.declined(k1, q, q)  # the query's heads are the output's
 
 
 def test_inference_takes_the_fused_forward_once_per_call():

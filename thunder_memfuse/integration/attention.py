@@ -18,10 +18,12 @@ blocks, which do not grow with T squared, are not counted.
 What the kernel cannot take falls back to Thunder's decomposition, with the reason logged once per
 process at WARNING on the `thunder_memfuse` logger and counted per compilation (report()'s
 "attention"): dropout (the CPU kernel has none), an attention mask that needs a gradient, inputs
-that are not 4-D, key/value heads that differ from the query's (grouped-query attention with k and
-v not repeated: the kernel would read them as if they were), a value head size unlike the query's,
+that are not 4-D, key/value heads or batch that neither equal the query's nor broadcast to them from
+1 (grouped-query attention with k and v not repeated), a value head size unlike the query's,
 dtypes other than floating ones, a mask of another floating dtype than the query.  Boolean masks are
-turned into the additive mask eager uses (False: -inf).  CUDA tensors are left to Thunder's own sdpa
+turned into the additive mask eager uses (False: -inf).  A key and value of one head (or batch) broadcast
+over the query's (multi-query attention: Falcon, GPTBigCode) are expanded, a view the kernels read by its
+strides; their gradients are the expanded ones' summed back (one query-sized tensor each, for a moment).  CUDA tensors are left to Thunder's own sdpa
 and cuDNN executors.
 """
 from __future__ import annotations
@@ -81,6 +83,25 @@ def _bwd_impl(grad, query, key, value, out, logsumexp, attn_mask, is_causal, sca
 sdpa_bwd = ex.register_operator("memfuse_sdpa_cpu_backward", meta=_bwd_meta, fn=_bwd_impl)
 
 
+def _broadcasts(kv, query) -> bool:
+    """Are key's (or value's) batch and heads each the query's or 1 (multi-query attention, as Falcon and
+    GPTBigCode run it: one key/value head broadcast over the query's)?"""
+    return all(kv.shape[i] in (1, query.shape[i]) for i in (0, 1))
+
+
+def _expanded(kv, query):
+    """kv broadcast to the query's batch and heads: a view, which the fused kernels read by its strides."""
+    if tuple(kv.shape[:2]) == tuple(query.shape[:2]):
+        return kv
+    return ltorch.expand(kv, (query.shape[0], query.shape[1], kv.shape[2], kv.shape[3]))
+
+
+def _summed(grad, kv):
+    """The gradient of a broadcast key or value: the expanded one's, summed over what was broadcast."""
+    dims = [i for i in (0, 1) if kv.shape[i] != grad.shape[i]]
+    return ltorch.sum(grad, dims, keepdim=True) if dims else grad
+
+
 def declined(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
     """Why the fused CPU kernel cannot run this call (None: it can; "" for non-CPU tensors, which are
     not this executor's to take or to report)."""
@@ -98,8 +119,9 @@ def declined(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
     if any(not dtypes.is_float_dtype(t.dtype) for t in (query, key, value)) or not (
             query.dtype == key.dtype == value.dtype):
         return "query, key and value are not of one floating dtype"
-    if query.shape[0] != key.shape[0] or query.shape[1] != key.shape[1] or key.shape[:3] != value.shape[:3]:
-        return "key and value heads or batch differ from the query's (grouped-query attention: repeat k and v)"
+    if not (_broadcasts(key, query) and _broadcasts(value, query)) or key.shape[2] != value.shape[2]:
+        return ("key and value heads or batch neither equal the query's nor broadcast to them from 1 "
+                "(grouped-query attention: repeat k and v)")
     if query.shape[-1] != key.shape[-1] or value.shape[-1] != query.shape[-1]:
         return "the value head size differs from the query's"
     if attn_mask is not None:
@@ -159,16 +181,18 @@ def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
 
 def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
     _note(None, (query.name, key.name, value.name))
-    out, _ = sdpa_fwd(query, key, value, attn_mask, is_causal, scale)
+    out, _ = sdpa_fwd(query, _expanded(key, query), _expanded(value, query), attn_mask, is_causal, scale)
     return out
 
 
 def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
     _note(None, (query.name, key.name, value.name))
-    out, lse = sdpa_fwd(query, key, value, attn_mask, is_causal, scale)
+    k, v = _expanded(key, query), _expanded(value, query)
+    out, lse = sdpa_fwd(query, k, v, attn_mask, is_causal, scale)
     g = get_grad(out)
-    gq, gk, gv = sdpa_bwd(g, query, key, value, out, lse, attn_mask, is_causal, scale)
-    put_grads((query, key, value), (gq, gk, gv))  # a mask that needs a gradient was declined
+    gq, gk, gv = sdpa_bwd(g, query, k, v, out, lse, attn_mask, is_causal, scale)
+    # a mask that needs a gradient was declined
+    put_grads((query, key, value), (gq, _summed(gk, key), _summed(gv, value)))
     return out
 
 
