@@ -59,14 +59,12 @@
  * GELU gradient over it.)  head_credit below and the simulator (mf_sim.c) apply
  * the same rule; the fusion-aware moves then bring the GEMM next to its
  * pointwise consumer where that lowers the peak.
- * Known gap: Inductor writes over the buffer only where one of its kernels
- * reads it.  Where two results read the GEMM's result (a SwiGLU backward: the
- * gate's pre-activation feeds both branches' gradients) each result gets a
- * buffer of its own, and the plan is one tensor below the program.  An exact
- * form (follow the head to the storages that reach memory, credit only one)
- * was tried: its plans tie with these in the model, and on GELU MLPs the
- * orders it kept measured higher, since what decides there is a reuse the
- * model does not see (Inductor freeing a region's dying inputs inside it).
+ * Where two such storages leave the group (a SwiGLU backward: both branches'
+ * gradients from the GEMM's result; a checkpointed GELU MLP's backward region
+ * that recomputes the activation and makes its gradient) each gets a buffer of
+ * its own: Inductor's kernel writing both reads the head while it writes, so
+ * neither may write over it.  Then nothing is credited.  (An earlier form
+ * credited one of the two: the plan was one tensor below the program.)
  *
  * NOTE [group length cap]
  * A fused group holds at most MF_FUSE_MAX_GROUP (512) ops, which keeps both
@@ -229,7 +227,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
                     if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
                         nsame++;
                 }
-            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j && nsame > 0 ? pg->sbytes[hs] : 0);
+            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j && nsame == 1 ? pg->sbytes[hs] : 0);
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
                 val[j - a] = cand;
@@ -244,16 +242,16 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
 static int64_t head_credit(const fuse_ws *w, int32_t i, int32_t j)
 {
     const mf_pg *pg = w->pg;
-    int32_t hs = head_storage(w, i), p, q;
+    int32_t hs = head_storage(w, i), p, q, takers = 0;
     if (hs < 0 || w->lastpos[hs] >= j)
         return 0;
     for (p = i + 1; p < j; p++)
         for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
             int32_t s = pg->oalloc[q];
-            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
-                return pg->sbytes[hs];
+            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p) && ++takers > 1)
+                return 0; /* two results of the head's size: each gets a buffer of its own */
         }
-    return 0;
+    return takers ? pg->sbytes[hs] : 0;
 }
 
 /* Cost of the group [i, j) under the current positions (the rules above). */

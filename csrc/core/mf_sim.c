@@ -36,7 +36,7 @@ static int read_after(const mf_pg *pg, const int32_t *grp, int32_t s, int32_t g)
 static int64_t head_credit(const mf_pg *pg, const int32_t *order, const int32_t *grp, int32_t lo, int32_t hi,
                            int32_t g)
 {
-    int32_t u = order[lo], hs, q, p, lp = lo;
+    int32_t u = order[lo], hs, q, p, lp = lo, takers = 0;
     if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
         return 0;
     hs = pg->oalloc[pg->oalloc_ptr[u]];
@@ -52,11 +52,12 @@ static int64_t head_credit(const mf_pg *pg, const int32_t *order, const int32_t 
             continue;
         for (q = pg->oalloc_ptr[v]; q < pg->oalloc_ptr[v + 1]; q++) {
             int32_t s2 = pg->oalloc[q];
-            if (!pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && (pg->sout[s2] || read_after(pg, grp, s2, g)))
-                return pg->sbytes[hs];
+            if (!pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && (pg->sout[s2] || read_after(pg, grp, s2, g)) &&
+                ++takers > 1)
+                return 0; /* two results of the head's size: no credit */
         }
     }
-    return 0;
+    return takers ? pg->sbytes[hs] : 0;
 }
 
 int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,

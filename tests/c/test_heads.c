@@ -147,7 +147,8 @@ static int64_t href_peak(const mf_graph_desc *d, const href *r, const int32_t *o
                 during += d->value_bytes[s];
         }
         if (credit && size > 1 && r->nalloc[order[lo]] == 1) {
-            int h = r->head[order[lo]], lp = lo + 1, p, ok = r->mat[h] && !r->out[h] && d->value_bytes[h] > 0;
+            int h = r->head[order[lo]], lp = lo + 1, p, takers = 0;
+            int ok = r->mat[h] && !r->out[h] && d->value_bytes[h] > 0;
             for (k = 0; k < r->n && ok; k++)
                 if (r->readers[h] >> k & 1) {
                     ok &= grp[k] <= t;
@@ -161,11 +162,10 @@ static int64_t href_peak(const mf_graph_desc *d, const href *r, const int32_t *o
                     continue;
                 for (k = 0; k < r->n; k++)
                     after |= (r->readers[s2] >> k & 1) && grp[k] > t;
-                if (r->out[s2] || after) {
-                    during -= d->value_bytes[h];
-                    break;
-                }
+                takers += r->out[s2] || after;
             }
+            if (ok && takers == 1) /* two results of the head's size: each gets a buffer of its own */
+                during -= d->value_bytes[h];
         }
         if (during > peak)
             peak = during;
