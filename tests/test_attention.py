@@ -35,7 +35,8 @@ class Attn(torch.nn.Module):
         L = src.shape[1]
         k = self.k(src).view(B, L, self.kv_heads, E).transpose(1, 2)
         v = self.v(src).view(B, L, self.kv_heads, E).transpose(1, 2)
-        if self.kv_heads < H and not self.broadcast:  # grouped-query attention as HF and LitGPT models run it: k and v repeated
+        # grouped-query attention as HF and LitGPT models run it: k and v repeated (Falcon's: broadcast)
+        if self.kv_heads < H and not self.broadcast:
             k, v = (t.repeat_interleave(H // self.kv_heads, dim=1) for t in (k, v))
         def attend(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=self.dropout,

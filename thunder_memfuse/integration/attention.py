@@ -21,10 +21,10 @@ process at WARNING on the `thunder_memfuse` logger and counted per compilation (
 that are not 4-D, key/value heads or batch that neither equal the query's nor broadcast to them from
 1 (grouped-query attention with k and v not repeated), a value head size unlike the query's,
 dtypes other than floating ones, a mask of another floating dtype than the query.  Boolean masks are
-turned into the additive mask eager uses (False: -inf).  A key and value of one head (or batch) broadcast
-over the query's (multi-query attention: Falcon, GPTBigCode) are expanded, a view the kernels read by its
-strides; their gradients are the expanded ones' summed back (one query-sized tensor each, for a moment).  CUDA tensors are left to Thunder's own sdpa
-and cuDNN executors.
+turned into the additive mask eager uses (False: -inf).  A key and value of one head (or batch)
+broadcast over the query's (multi-query attention: Falcon, GPTBigCode) are expanded, a view the
+kernels read by its strides; their gradients are the expanded ones' summed back (one query-sized
+tensor each, for a moment).  CUDA tensors are left to Thunder's own sdpa and cuDNN executors.
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ from .._options import LOG
 
 _lock = threading.Lock()
 _depth = 0
-_saved: dict = {}
+_saved: dict = {}  # while applied: the store and whether the cache marker was set
+_logged = False
 
 
 def _source(fn) -> str:
@@ -43,7 +44,7 @@ def _source(fn) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _tile2d_fix():
-    """The fixed CppTile2DKernel.store, or None where the installed Inductor does not have the defect
+    """(CppTile2DKernel, the fixed store), or None where the installed Inductor does not have the defect
     (or its code is not the shape the fix is written for: then it is left alone)."""
     try:
         from torch._inductor.codegen import cpp
@@ -69,8 +70,7 @@ def _tile2d_fix():
             return vec_store(self, name, index, value, mode)  # transformed once, by index_expr
         return store(self, name, index, value, mode)
 
-    fixed_store.__wrapped__ = store
-    return tile, store, fixed_store
+    return tile, fixed_store
 
 
 def _cache_marker():
@@ -96,12 +96,12 @@ def needed() -> bool:
 def applied():
     """The fixes in place while the body runs (re-entrant; a thread that compiles meanwhile sees the
     fixed code too, which only differs where the defect is)."""
-    global _depth
+    global _depth, _logged
     fix = _tile2d_fix()
     if fix is None:
         yield
         return
-    tile, _store, fixed_store = fix
+    tile, fixed_store = fix
     with _lock:
         if _depth == 0:
             from torch._inductor import config
@@ -111,8 +111,8 @@ def applied():
             _saved["marker"] = config.post_grad_custom_pre_pass is None
             if _saved["marker"]:  # a user's own pass stays; the entries it keys are theirs
                 config.post_grad_custom_pre_pass = _cache_marker()
-            if not _saved.get("logged"):
-                _saved["logged"] = True
+            if not _logged:
+                _logged = True
                 LOG.info("memfuse: Inductor's tile2d atomic-add store fixed while memfuse compiles regions "
                          "(pytorch/pytorch#191837)")
         _depth += 1
