@@ -25,7 +25,7 @@ def _regions_holding(jf, name, backward=False):
 
 def _scatter_of_transposed(a, idx):
     s = torch.sin(a).transpose(1, 2).unsqueeze(2)  # (2, 64, 1, 32), strides of a transpose
-    return torch.index_add(torch.zeros(2, 64, 6, 32), 2, idx, s) * 2
+    return torch.index_add(a.new_zeros(2, a.shape[2], 6, a.shape[1]), 2, idx, s) * 2
 
 
 def _key_of_fused_qkv(qkv, w, idx):
@@ -75,3 +75,27 @@ def test_the_fix_is_in_place_only_while_memfuse_compiles():
         assert config.post_grad_custom_pre_pass.uuid().startswith("thunder_memfuse")  # keys the graph cache apart
     assert cpp.CppTile2DKernel.__dict__["store"] is store
     assert config.post_grad_custom_pre_pass is pre
+
+
+def test_regions_through_dynamo_are_compiled_with_the_fix(monkeypatch):
+    """Every pattern past MAX_VARIANTS (here: every one) goes through the region's Dynamo callable,
+    which compiles on its first call: the fix comes with its backend, not with the call.  (Other
+    sizes than the first test's: memfuse reuses a region compiled for the same program.)"""
+    from torch._inductor import config
+
+    monkeypatch.setattr(tc, "MAX_VARIANTS", 0)
+    torch.manual_seed(0)
+    a, idx = torch.randn(2, 32, 48), torch.tensor([4])
+    calls = []
+    backend = inductor_fixes.inductor_backend
+    monkeypatch.setattr(inductor_fixes, "inductor_backend", lambda gm, ex: calls.append(1) or backend(gm, ex))
+    with config.patch({"cpp.threads": 2}):
+        jf = thunder.jit(_scatter_of_transposed, transforms=[MemFuse(kernels="torchcompile")])
+        got = jf(a, idx)
+        again = jf(a, idx)
+    want = thunder.jit(_scatter_of_transposed)(a, idx)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(again, want)
+    assert calls, "no region went through the Dynamo callable's backend"
+    region = _regions_holding(jf, "index_add")
+    assert region, "memfuse did not plan a region holding the scatter"

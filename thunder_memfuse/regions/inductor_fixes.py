@@ -5,7 +5,8 @@ memfuse groups ops Thunder's executor would group differently, so its regions ha
 nobody else's pass makes; where Inductor generates wrong code for one, adding memfuse would make a
 user's program wrong.  Each fix here is applied only where the installed torch has the defect (told
 from its code, not its version number, so a torch that fixed it is left alone) and only while
-memfuse's region compiler runs (`applied()`): what a user compiles with torch.compile outside
+memfuse's region compiler runs (`applied()`, and `inductor_backend` for the regions Dynamo compiles,
+on their first call): what a user compiles with torch.compile outside
 memfuse's compilations is Inductor's as installed.
 
 - tile2d atomic add (pytorch/pytorch#191837): on CPU, a 2-d tiled kernel (a loop nest that reads
@@ -127,3 +128,13 @@ def applied():
                 tile.store = _saved.pop("store")
                 if _saved.pop("marker"):
                     config.post_grad_custom_pre_pass = None
+
+
+def inductor_backend(gm, example_inputs):
+    """torch.compile's backend for the regions memfuse hands to Dynamo: Inductor's compile_fx, what
+    torch.compile's default backend calls, with the fixes applied while it compiles.  Dynamo compiles on
+    a call, so a hook here keeps the fixes off the calls that run compiled code."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with applied():
+        return compile_fx(gm, example_inputs)

@@ -334,7 +334,8 @@ def build(group: Group):
 
 def _make(bsyms, inputs, outputs):
     """NOTE [regions without Dynamo]: a region whose inputs are all tensors is compiled by Inductor
-    from its ATen graph, and called directly; any other goes through Thunder's make_compiled."""
+    from its ATen graph, and called directly; any other goes through torch.compile as Thunder's
+    make_compiled would compile it (_dynamo_compiled)."""
     from thunder.core.proxies import TensorProxy
 
     if all(isinstance(a, TensorProxy) for a in inputs):
@@ -344,9 +345,18 @@ def _make(bsyms, inputs, outputs):
 
 
 def _dynamo_compiled(bsyms, inputs, outputs):
-    from thunder.executors.torch_compile import make_compiled
+    """The region through torch.compile as Thunder's executor compiles it (make_compiled: its
+    fullgraph option, autocast off and no autograd around the compiled callable), with Inductor called
+    through inductor_fixes.inductor_backend: the fixes are in place when Dynamo compiles, on a call."""
+    import torch
+    from thunder.core.compile_data import get_compile_option
+    from thunder.executors.torchex import no_autocast
 
-    return make_compiled(bsyms, inputs, outputs)
+    fullgraph = get_compile_option("torch_compile_fullgraph",
+                                   "Whether to enable `fullgraph` from `torch.compile`. Defaults to `True`.")
+    fn = torch.compile(_torch_callable(bsyms, inputs, outputs), fullgraph=True if fullgraph is None else fullgraph,
+                       backend=inductor_fixes.inductor_backend)
+    return torch.no_grad()(no_autocast(fn))
 
 
 def _torch_callable(bsyms, inputs, outputs):
@@ -388,7 +398,7 @@ class InductorRegion:
     shapes); nothing more is stored per pattern, so the table stays bounded.  Grad mode
     is off for the call, as in Thunder's own regions.  A program that cannot be traced this way
     (an op without a fake-tensor kernel, say) is compiled as Thunder's torchcompile executor
-    would, through Dynamo (make_compiled): slower calls, same kernels; `why_dynamo` says why."""
+    would, through Dynamo (_dynamo_compiled): slower calls, same kernels; `why_dynamo` says why."""
 
     __slots__ = ("fn", "variants", "peaks", "lock", "dynamo", "why_dynamo", "dynamo_fn", "untraceable")
 
@@ -427,12 +437,7 @@ class InductorRegion:
         make_fx cannot trace the program)."""
         if self.dynamo_fn is None:
             fn = self.dynamo()
-
-            def boxed(args, fn=fn):
-                with inductor_fixes.applied():  # Dynamo compiles on a call (inductor_fixes.py NOTE)
-                    return fn(*args)
-
-            self.dynamo_fn = boxed
+            self.dynamo_fn = lambda args, fn=fn: fn(*args)
         return self.dynamo_fn
 
     def _compile(self, key, args):
