@@ -363,33 +363,56 @@ class _Head(torch.nn.Module):
 
 
 @needs_compiler
-def test_a_loss_gradients_scatter_is_planned_as_stored():
-    """NOTE [scatters are stored]: a cross-entropy's backward writes its gradient by a scatter into a
-    fresh tensor, which Inductor writes to memory even inside a region: the op is STORED, and the
-    backward's compiled buffers stay within its planned peak (tests/test_memory_budget.py checks what
-    that changes: a budget met that was missed)."""
+@pytest.mark.parametrize("rewritten", [True, False], ids=["inductor-rewrites-it", "stored"])
+def test_a_loss_gradients_scatter_is_planned_as_its_program_holds_it(rewritten):
+    """NOTE [scatters are stored]: a cross-entropy's backward writes its gradient by a scatter of one
+    scalar per row into zeros.  Inductor's joint-graph passes (NOTE [Inductor's inference passes])
+    rewrite it into a pointwise select, so it is an inner value of its region; with the rewrite
+    configured off, Inductor writes it to memory even inside a region and it is STORED.  Either way
+    the backward's compiled buffers stay within its planned peak (tests/test_memory_budget.py checks
+    what that changes: a budget met that was missed), and the rewrite plans one logits-sized tensor
+    lower."""
+    from torch._inductor import config
+
     from thunder_memfuse import report
 
-    torch.manual_seed(0)
-    model = _Head()
-    x, targets = torch.randn(4, 256, 64), torch.randint(0, 512, (4, 256))
-    ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse()])
-    ours(x, targets).backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    model(x, targets).backward()
-    for g, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
-    bt = thunder.last_backward_traces(ours)[-1]
-    ops = [s for b in bt.bound_symbols for s in (b.subsymbols if b.sym.is_fusion else [b])]
-    scatter = [s for s in ops if "nll_loss_backward" in s.sym.name]
-    assert scatter, [s.sym.name for s in ops]
-    assert tc.is_realized(scatter[0]) and tc.fusible(scatter[0]) == tc.STORED
-    bw = report(ours)["backward"]
-    assert bw["compiled_peak_bytes"] is not None
-    # within the few bytes of the scalars (the loss's mean divisor) a program keeps
-    assert bw["compiled_peak_bytes"] <= bw["peak_after_bytes"] + 64, bw
+    def run():
+        torch.manual_seed(0)
+        model = _Head()
+        x, targets = torch.randn(4, 256, 64), torch.randint(0, 512, (4, 256))
+        ours = thunder.jit(model, executors=["torchcompile"], transforms=[MemFuse()])
+        ours(x, targets).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = None
+        model(x, targets).backward()
+        for g, p in zip(grads, model.parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+        bt = thunder.last_backward_traces(ours)[-1]
+        ops = [s for b in bt.bound_symbols for s in (b.subsymbols if b.sym.is_fusion else [b])]
+        scatter = [s for s in ops if "nll_loss_backward" in s.sym.name]
+        assert scatter, [s.sym.name for s in ops]
+        bw = report(ours)["backward"]
+        assert bw["compiled_peak_bytes"] is not None
+        # within the few bytes of the scalars (the loss's mean divisor) and of the row sums of the
+        # log-softmax's gradient, which Inductor keeps between its two loops over a row
+        assert bw["compiled_peak_bytes"] <= bw["peak_after_bytes"] + 4 * 4 * 256 + 64, bw
+        return scatter[0], bw["peak_after_bytes"]
+
+    tc.clear_cache()  # a region compiled under the other setting is not reused
+    try:
+        with config.patch({"optimize_scatter_upon_const_tensor": rewritten}):
+            assert tc._scatter_upon_constants_rewritten() == rewritten
+            scatter, planned = run()
+            assert tc.is_realized(scatter) != rewritten
+            assert (tc.fusible(scatter) == tc.STORED) != rewritten
+        if rewritten:
+            with config.patch({"optimize_scatter_upon_const_tensor": False}):
+                tc.clear_cache()
+                _, stored = run()
+            assert planned <= stored - 4 * 256 * 512 * 4 + 64, (planned, stored)  # one logits-sized tensor less
+    finally:
+        tc.clear_cache()
 
 
 @needs_compiler

@@ -18,13 +18,16 @@ peak, and the seed keeps its paths apart (benchmarks/RESULTS.md).  Fewer regions
 Inductor writes the elementwise result over the GEMM's buffer, so the pair stores one tensor.
 
 NOTE [scatters are stored]: Inductor lowers an op that writes scattered positions of a fresh tensor
-(nll_loss_backward and embedding_backward decompose into zeros followed by a scatter or an
-index_put; scatter, index_put, index_add, index_copy themselves) to a buffer it must write in memory
-before anything reads it: no consumer's loop can compute an element of it in place.  Counted as an
-inner value that never reaches memory, a cross-entropy's backward region [nll_loss_backward,
-log_softmax_backward] was planned at one logits-sized tensor and its program held two, and
-MemFuse(memory_budget=...) called a plan fitting that measured above the budget.  Such an op is
-STORED too (_REALIZED_NAMES): its result and what it reads count as stored while its region runs.
+(embedding_backward decomposes into zeros followed by an index_put; scatter, index_put, index_add,
+index_copy themselves) to a buffer it must write in memory before anything reads it: no consumer's
+loop can compute an element of it in place.  Such an op is STORED (_REALIZED_NAMES): its result and
+what it reads count as stored while its region runs.  nll_loss_backward is the exception where
+Inductor's joint-graph passes run (NOTE [Inductor's inference passes]): its decomposition scatters one
+scalar per row into zeros, which the scatter-upon-constant pattern rewrites into a pointwise select, so
+a cross-entropy's backward region [nll_loss_backward, log_softmax_backward] holds one logits-sized
+buffer, not two (_REWRITTEN_SCATTERS).  Without those passes (Inductor configured not to run them) it
+is stored, as the others: counted as an inner value, that region was planned at one tensor and its
+program held two, and MemFuse(memory_budget=...) called a plan fitting that measured above the budget.
 
 NOTE [functional region programs]: a region holds no in-place op of the trace, but the torch
 implementations of some functional Thunder ops write in place inside (copy_with_setitem clones its
@@ -126,6 +129,18 @@ _REALIZED_NAMES = frozenset({  # NOTE [scatters are stored]
     "nll_loss_backward", "nll_loss2d_backward", "embedding_backward", "embedding_dense_backward",
     "scatter", "scatter_add", "scatter_reduce", "index_put", "index_add", "index_copy", "masked_scatter",
 })
+_REWRITTEN_SCATTERS = frozenset({"nll_loss_backward", "nll_loss2d_backward"})  # ... unless the passes rewrite them
+
+
+def _scatter_upon_constants_rewritten() -> bool:
+    """Will Inductor's joint-graph passes turn a scatter of a scalar into zeros into a pointwise
+    select, in the programs memfuse compiles (NOTE [Inductor's inference passes])?"""
+    try:
+        from torch._inductor import config
+    except Exception:  # noqa: BLE001 - no Inductor: nothing is rewritten
+        return False
+    return bool(_joint_graph_passes_fn() is not None and config.use_joint_graph_passes and config.pattern_matcher
+                and getattr(config, "optimize_scatter_upon_const_tensor", False))
 
 
 def is_realized(bsym) -> bool:
@@ -137,9 +152,14 @@ def is_realized(bsym) -> bool:
     for n in {_base_name(bsym.sym.name), _base_name(bsym.sym.id)}:
         if n.startswith("torch_") and n.endswith("_impl"):
             n = n[len("torch_"):-len("_impl")]
-        if n.lstrip("_").removesuffix("_") in _REALIZED_NAMES:
+        if _realized_name(n):
             return True
     return False
+
+
+def _realized_name(n: str) -> bool:
+    n = n.lstrip("_").removesuffix("_")
+    return n in _REALIZED_NAMES and (n not in _REWRITTEN_SCATTERS or not _scatter_upon_constants_rewritten())
 
 
 _ROWWISE_NAMES = frozenset({
@@ -266,7 +286,7 @@ def fusible(bsym) -> int:
         return STORED if is_extern(bsym) or is_realized(bsym) else (POINTWISE if is_pointwise(bsym) else 1)
     orig = _torch_impl_of().get(bsym.sym.id)
     if orig is not None and orig in _executor().implmap:
-        if _base_name(orig) in _EXTERN_NAMES or is_realized(bsym) or _base_name(orig) in _REALIZED_NAMES:
+        if _base_name(orig) in _EXTERN_NAMES or is_realized(bsym) or _realized_name(_base_name(orig)):
             return STORED
         return POINTWISE if is_pointwise(bsym) else 1
     return 0
@@ -490,7 +510,38 @@ def _inductor_compile(gm, args):
     if fake_mode is None or fake_mode.shape_env is None:
         return compile_fx_inner(gm, list(args))
     with tracing(TracingContext(fake_mode)):
+        with fake_mode:  # the passes trace their replacements on the graph's fake values
+            gm = _inference_passes(gm, args)
         return compile_fx_inner(gm, [fake_mode.from_tensor(a) for a in args])
+
+
+def _joint_graph_passes_fn():
+    try:
+        from torch._inductor.compile_fx import _recursive_joint_graph_passes
+    except ImportError:  # an Inductor without them: its graphs go as they are
+        return None
+    return _recursive_joint_graph_passes
+
+
+def _inference_passes(gm, args):
+    """NOTE [Inductor's inference passes]: torch.compile hands Inductor an inference graph (grad mode
+    off, as a region's) only after its joint-graph passes (compile_fx's forward path: no-op removal,
+    uniform-value constant folding, pattern rewrites); compile_fx_inner does not run them.  Without
+    them a region's program is not the one torch.compile would generate: a cross-entropy backward's
+    [nll_loss_backward, log_softmax_backward] held two logits-sized buffers, where torch.compile's holds
+    one (the scatter of a scalar into zeros rewritten into a pointwise select).  So they run here, as
+    Inductor's own forward path calls them."""
+    import inspect
+
+    import torch
+
+    passes = _joint_graph_passes_fn()
+    if passes is None:
+        return gm
+    kw = {}
+    if "input_device" in inspect.signature(passes).parameters:
+        kw["input_device"] = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    return passes(gm, **kw)
 
 
 def clear_cache() -> None:
