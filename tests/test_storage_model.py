@@ -188,3 +188,24 @@ def test_storage_information_does_not_leak():
 def test_compare_rejects_what_it_cannot_measure():
     with pytest.raises(ValueError, match="thunder.jit"):
         compare(lambda x: x, torch.randn(2))
+
+
+def _large_output(x, w1, w2):
+    return torch.relu(torch.tanh(x @ w1) @ w2)  # the backward reads the output's gradient first
+
+
+def test_compare_backpropagates_a_dense_gradient_by_default():
+    """compare()'s default loss is the outputs' sum with its gradient written out at the output's
+    size, as a real loss's is: the backward's model counts that tensor and frees it after its last
+    use.  A bare sum hands the backward an expanded scalar, and the two curves part by the
+    gradient's size (the second comparison shows the default is what keeps them together)."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+    w1, w2 = torch.randn(256, 256, requires_grad=True), torch.randn(256, 1024, requires_grad=True)
+    jf = thunder.jit(_large_output, transforms=[MemFuse()])
+    jf(x, w1, w2)
+    assert tm.report(jf)["backward"] is not None, "memfuse did not plan the backward"
+    bw = compare(jf, x, w1, w2)["backward"]
+    assert not bw.flagged and abs(bw.simulated_peak - bw.measured_peak) <= 64, bw.steps  # a scalar or so
+    bare = compare(jf, x, w1, w2, loss_fn=lambda o: o.sum())["backward"]
+    assert bare.measured_peak - bare.simulated_peak >= 512 * 1024 * 4 // 2, bare.steps

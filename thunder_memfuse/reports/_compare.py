@@ -16,6 +16,7 @@ saved, which the model counts once per storage: trace.c NOTE [saved storages]).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 MIB = float(1 << 20)
@@ -170,13 +171,38 @@ class Comparison:
         return fig
 
 
+def default_loss(out):
+    """The sum of every differentiable tensor of `out`, its gradient made dense: a sum alone hands the
+    backward an expanded scalar (no bytes), where a real loss's gradient (a cross-entropy's, say) is
+    a tensor of the output's size, which the model of the backward counts and frees after its last
+    use.  The value is the plain sum; nothing more is allocated before the backward."""
+    dense = _dense_grad()
+    return sum(dense.apply(t.float()).sum() for t in _tensors(out) if t.requires_grad)
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_grad():
+    import torch
+
+    class DenseGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.contiguous()  # the expanded scalar written out at the output's size
+
+    return DenseGrad
+
+
 def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
     """Run jfn(*args, **kwargs) once (plus its backward) and line up, step by step
     of its final traces, the simulated live bytes against the measured ones.
 
     backward: run the backward (default: when the call returns a tensor that
-    requires grad).  loss_fn(output) -> scalar to backpropagate (default: the
-    sum of every differentiable output tensor).  The function is compiled first
+    requires grad).  loss_fn(output) -> scalar to backpropagate (default:
+    default_loss, the sum of every differentiable output tensor).  The function is compiled first
     if it has not run yet.  CPU only (allocations from torch.profiler)."""
     import thunder
 
@@ -237,7 +263,7 @@ def compare(jfn, *args, backward=None, loss_fn=None, **kwargs) -> Comparison:
             out = jfn(*args, **kwargs)
             do_bwd = backward if backward is not None else any(t.requires_grad for t in _tensors(out))
             if do_bwd and bwd is not None:
-                loss = loss_fn(out) if loss_fn else sum(t.float().sum() for t in _tensors(out) if t.requires_grad)
+                loss = loss_fn(out) if loss_fn else default_loss(out)
                 loss.backward()
                 del loss
             del out

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ._compare import _tensors  # every tensor in nested lists, tuples and dicts
+from ._compare import _tensors, default_loss  # _tensors: every tensor in nested lists, tuples and dicts
 
 MIB = float(1 << 20)
 
@@ -248,7 +248,7 @@ def _step(jfn, fn, args, kwargs, backward, loss_fn):
         out = jfn(*args, **kwargs)
         diff = [t for t in _tensors(out) if t.requires_grad]
         if (backward if backward is not None else bool(diff)) and diff:
-            loss = loss_fn(out) if loss_fn else sum(t.float().sum() for t in diff)
+            loss = loss_fn(out) if loss_fn else default_loss(out)
             loss.backward()
             del loss
         return out
