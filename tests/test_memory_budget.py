@@ -141,7 +141,10 @@ def test_a_loss_inside_the_step_is_planned_as_its_program_runs_it():
         return got, tm.report(jm), peak
 
     (loss, grads), auto, auto_peak = run("auto")
-    budget = int(0.8 * auto_peak)
+    # below what "auto" plans for the step (the model counts no region writing over a dying input,
+    # _regroup.py NOTE [donated inputs], so it plans above what runs: a budget is met by the plan)
+    planned = max(auto["forward"]["peak_after_bytes"], auto["backward"]["peak_after_bytes"])
+    budget = int(0.8 * planned)
     (bloss, bgrads), rep, peak = run(budget)
     torch.testing.assert_close(bloss, loss)
     for a, b in zip(grads, bgrads):
@@ -152,4 +155,4 @@ def test_a_loss_inside_the_step_is_planned_as_its_program_runs_it():
     # the model counts a reduction's result inside a region as never stored; Inductor keeps a few
     # per-row ones (the log-softmax gradient's row sums) between its loops: a few rows' floats
     assert bw["compiled_peak_bytes"] <= bw["peak_after_bytes"] + 4 * 4 * 2 * 512, bw
-    assert peak <= budget < auto_peak, (peak, budget, auto_peak)
+    assert peak <= budget < planned, (peak, budget, planned, auto_peak)

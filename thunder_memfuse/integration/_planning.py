@@ -179,6 +179,20 @@ def held_output_bytes(forward_trace, saved: dict | None) -> int:
     return total
 
 
+def donatable_saved(forward_trace, saved: dict | None) -> dict:
+    """{saved name: storage key} of the saved activations (saved_storages) whose storage is none of
+    the outputs the forward returns to its caller: the storages its backward may write over
+    (_regroup.py NOTE [donated inputs]).  {} where the outputs cannot be told."""
+    out = forward_trace.output
+    first = out[0] if isinstance(out, tuple) and out else None
+    flat = first.get("flat_output") if isinstance(first, dict) else None
+    if flat is None or not saved:
+        return {}
+    root = _root_of(forward_trace)
+    held = {root(o)[0].name for o in flat if isinstance(o, TensorProxy)}
+    return {name: key for name, (key, _) in saved.items() if key not in held}
+
+
 def _proxy_bytes(p) -> int:
     n = 1
     for d in p.shape:
@@ -218,4 +232,4 @@ def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
     return out
 
 
-__all__ = ["plan_trace", "saved_storages", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]
+__all__ = ["plan_trace", "saved_storages", "donatable_saved", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]

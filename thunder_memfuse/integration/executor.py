@@ -75,6 +75,8 @@ def make_region_callable(group, compiler):
             if state["kernel"] is None:
                 state["kernel"] = build()
             out = state["kernel"](*args)
+        except regions.base.InputsWritten:
+            raise  # its inputs may be overwritten: nothing can run it again (NOTE [donated inputs])
         except NotImplementedError as e:
             if compiler.expects_unsupported:  # a case its kernels do not cover: logged, not warned
                 why = (f"NotImplementedError: {e}", state["kernel"] is None, False)

@@ -261,20 +261,22 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
 
     def _transform(self, trace):
         is_backward = TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
-        freeable, held = None, 0
+        freeable, held, donatable = None, 0, None
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             # remembered for the backward, which Thunder hands over right after:
             # which saved tensors are activations, and which share a storage
-            # (_planning.py saved_storages, trace.c NOTE [saved storages])
+            # (_planning.py saved_storages, trace.c NOTE [saved storages]), and which of them
+            # its regions may write over (_regroup.py NOTE [donated inputs])
             saved = _forward_saved(trace)
-            _carry_saved(saved, _held_outputs(trace, saved))
+            _carry_saved(saved, _held_outputs(trace, saved), _donatable(trace, saved))
         elif is_backward:
-            saved, held = _carry_saved(None)
+            saved, held, donatable = _carry_saved(None)
             freeable = _planning.backward_freeable(saved, trace)  # and the incoming gradients
         else:  # an inference forward: no backward follows
             _carry_saved(None)
         forward = _step.take_forward(get_compile_data())
-        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable, held=held)
+        new_trace = self._plan(trace, is_backward=is_backward, freeable=freeable, held=held,
+                               donatable_saved=donatable)
         _warn_over_budget(trace, new_trace._memfuse_info.get("memory_budget"))
         if TraceTag.AUGMENTED_FORWARD in trace.tags:
             _step.keep_forward(get_compile_data(), trace, new_trace)
@@ -286,7 +288,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                                   strict=self.strict)
         return new_trace
 
-    def _plan(self, trace, *, is_backward, freeable, peak_allowance=0, recompute=None, held=0):
+    def _plan(self, trace, *, is_backward, freeable, peak_allowance=0, recompute=None, held=0, donatable_saved=None):
         """trace planned and regrouped: a new trace with its _memfuse_info.  peak_allowance: a
         fused peak up to it costs nothing (csrc/core/mf_fuse.c NOTE [peak allowance]); recompute:
         this option's value instead of the instance's; held: bytes the caller holds beside this
@@ -312,7 +314,8 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                   + [([b], single) for b in res["epilogue"]])
         groups = _with_comments(bsyms, groups)
         t = time.perf_counter_ns()
-        new_trace, n_regions = regroup_trace(trace, groups, compiler=comp, is_backward=is_backward)
+        new_trace, n_regions = regroup_trace(trace, groups, compiler=comp, is_backward=is_backward,
+                                             donatable_saved=donatable_saved)
         stage_ms["regrouping"] += (time.perf_counter_ns() - t) / 1e6
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
         stage_ms["reading"] += elapsed_ms - sum(stage_ms.values())  # the rest: the compiler's choice, checks
@@ -469,18 +472,32 @@ def _replace_fusion_executors(cd, remat: bool = True) -> None:
     cd.executors_list = tuple(kept)
 
 
-def _carry_saved(saved, held=0):
-    """Hand the forward's saved storages, and the bytes of its outputs the caller holds
-    (_planning.py NOTE [held outputs]), to the backward of the same compilation, which Thunder
+def _carry_saved(saved, held=0, donatable=None):
+    """Hand the forward's saved storages, the bytes of its outputs the caller holds
+    (_planning.py NOTE [held outputs]) and the saved storages its backward may write over
+    (_regroup.py NOTE [donated inputs]) to the backward of the same compilation, which Thunder
     transforms right after it: kept on the compilation's compile data (so two thunder.jit
     functions sharing one MemFuse never see each other's), never on the instance.  Returns what
-    was kept before, (saved, held) ((None, 0): nothing known; also outside a compilation)."""
+    was kept before, (saved, held, donatable) ((None, 0, None): nothing known; also outside a
+    compilation)."""
     cd = get_compile_data()
     if cd is None:
-        return None, 0
-    before = getattr(cd, "_memfuse_saved", None), getattr(cd, "_memfuse_held", 0)
-    cd._memfuse_saved, cd._memfuse_held = saved, held
+        return None, 0, None
+    before = (getattr(cd, "_memfuse_saved", None), getattr(cd, "_memfuse_held", 0),
+              getattr(cd, "_memfuse_donatable", None))
+    cd._memfuse_saved, cd._memfuse_held, cd._memfuse_donatable = saved, held, donatable
     return before
+
+
+def _donatable(trace, saved):
+    """_planning.donatable_saved of an augmented forward; None (its backward then writes over no saved
+    activation) where it cannot tell, with the reason logged."""
+    try:
+        return _planning.donatable_saved(trace, saved)
+    except Exception as e:
+        LOG.warning("memfuse: could not tell which saved tensors of trace %r the backward may write over "
+                    "(%s: %s); it writes over none", _trace_name(trace), type(e).__name__, e)
+        return None
 
 
 def _held_outputs(trace, saved) -> int:

@@ -47,6 +47,17 @@ class Group:
     inputs: tuple
     outputs: tuple
     kind: str = REGION
+    # NOTE [donated inputs] (integration/_regroup.py): positions of inputs whose storage dies with this
+    # region, which its program may write over: `donated` always, `donated_saved` (the forward's saved
+    # activations) only where the running backward does not keep its graph.  A compiler may ignore both.
+    donated: tuple = ()
+    donated_saved: tuple = ()
+
+
+class InputsWritten(Exception):
+    """A region's compiled program raised after it may have written over its donated inputs (Group's
+    `donated`): the op-by-op fallback cannot run it again on them, so executor.make_region_callable
+    lets this through instead of falling back."""
 
 
 @runtime_checkable
@@ -102,12 +113,12 @@ def region_kind(plan_kind: str, bsyms, compiler: RegionCompiler):
     raise ValueError(f"memfuse: unknown group kind {plan_kind!r}")
 
 
-def make_group(name, bsyms, inputs, outputs, kind: str) -> Group:
+def make_group(name, bsyms, inputs, outputs, kind: str, donated=(), donated_saved=()) -> Group:
     """The Group of bound symbols `bsyms` as a region of kind `kind` (REGION, ONE or EPILOGUE:
     what region_kind gives for the plan's kind)."""
     if kind not in (REGION, ONE, EPILOGUE):
         raise ValueError(f"memfuse: {kind!r} is no region kind (one of {REGION!r}, {ONE!r}, {EPILOGUE!r})")
-    return Group(name, tuple(bsyms), tuple(inputs), tuple(outputs), kind)
+    return Group(name, tuple(bsyms), tuple(inputs), tuple(outputs), kind, tuple(donated), tuple(donated_saved))
 
 
 # ------------------------------------------------------------------------------------------

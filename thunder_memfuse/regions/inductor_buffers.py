@@ -5,8 +5,9 @@ values]): an upper bound where a GEMM's operands are counted to the region's end
 Inductor adds (a contiguous copy of a GEMM operand whose strides a library call cannot take, say).
 Once a region is compiled, what it allocates is written down: the `call` function of the program
 Inductor generated (CompiledFxGraph.source_code) allocates each buffer with an `empty_strided_*` line,
-renames one it reuses in place (`bufM = reinterpret_tensor(bufN, ...); del bufN  # reuse`) and drops one
-with `del bufN`.  Walking those lines gives the most bytes its buffers hold at once while it runs,
+renames one it reuses in place (`bufM = reinterpret_tensor(bufN, ...); del bufN  # reuse`), takes a donated
+input's memory the same way (`bufM = t12_1`, an input the `... = args` line names: no new bytes; regions/torchcompile.py NOTE [donated inputs in
+Inductor]) and drops one with `del bufN`.  Walking those lines gives the most bytes its buffers hold at once while it runs,
 outputs included (a returned view of an input allocates nothing).  A line that makes a buffer any
 other way (a fallback kernel returning a new tensor, sizes that are symbols) makes the answer None:
 unknown, never a guess.  compare() uses it (thunder_memfuse/reports/_compare.py NOTE [regions in compare]).
@@ -18,6 +19,8 @@ import re
 _ALLOC = re.compile(r"^(buf\d+) = empty_strided(?:_[a-z0-9]+)?\(\(([^()]*)\), \(([^()]*)\), (?:dtype=)?torch\.(\w+)")
 _ALLOC_KW = re.compile(r"^(buf\d+) = empty_strided(?:_[a-z0-9]+)?\(\(([^()]*)\), \(([^()]*)\),.*dtype=torch\.(\w+)")
 _RENAME = re.compile(r"^(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b")
+_FROM_NAME = re.compile(r"^(buf\d+) = (?:reinterpret_tensor\()?(\w+)\b")
+_UNPACK = re.compile(r"^([\w, ]+) = args$")
 _DEL = re.compile(r"^del (buf\d+(?:, buf\d+)*)$")
 _ASSIGN = re.compile(r"^(buf\d+) = ")
 
@@ -48,6 +51,7 @@ def buffer_peak(source: str | None) -> int | None:
     indent = len(lines[start]) - len(lines[start].lstrip())
     storage_of, bytes_of, names_of = {}, {}, {}
     live = peak = 0
+    inputs = set()
     for ln in lines[start + 1:]:
         if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
             break  # the end of call's body
@@ -72,6 +76,17 @@ def buffer_peak(source: str | None) -> int | None:
                 sid = storage_of[m.group(2)]
                 storage_of[m.group(1)] = sid
                 names_of[sid].add(m.group(1))
+                continue
+            m = _UNPACK.match(stmt)
+            if m:
+                inputs.update(n.strip() for n in m.group(1).split(",") if n.strip())
+                continue
+            m = _FROM_NAME.match(stmt)
+            if m and m.group(2) in inputs:  # a donated input's memory: the caller's bytes, counted outside
+                sid = len(bytes_of)
+                bytes_of[sid] = 0
+                storage_of[m.group(1)] = sid
+                names_of[sid] = {m.group(1)}
                 continue
             m = _DEL.match(stmt)
             if m:

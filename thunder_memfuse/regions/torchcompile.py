@@ -58,7 +58,8 @@ import tokenize
 
 from .._memo import memoized
 from . import inductor_fixes
-from .base import Group, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read, tensor_op
+from .base import (Group, InputsWritten, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read,
+                   tensor_op)
 from .inductor_buffers import buffer_peak
 
 name = "torchcompile"
@@ -337,7 +338,7 @@ def build(group: Group):
     """The compiled callable of a region (shared by every region with the same program).
     Inductor compiles on the first call (per stride pattern), so compile errors surface there."""
     bsyms, inputs, outputs = group.bsyms, group.inputs, group.outputs
-    key = program_key(bsyms, inputs, outputs)
+    key = program_key(bsyms, inputs, outputs), group.donated, group.donated_saved
     fn = _cache.get(key)
     if fn is not None:
         stats["reused"] += 1
@@ -345,22 +346,22 @@ def build(group: Group):
     with _cache_lock:
         fn = _cache.get(key)
         if fn is None:
-            fn = _cache[key] = _make(list(bsyms), list(inputs), list(outputs))
+            fn = _cache[key] = _make(list(bsyms), list(inputs), list(outputs), group.donated, group.donated_saved)
             stats["compiled"] += 1
         else:
             stats["reused"] += 1
     return fn
 
 
-def _make(bsyms, inputs, outputs):
+def _make(bsyms, inputs, outputs, donated=(), donated_saved=()):
     """NOTE [regions without Dynamo]: a region whose inputs are all tensors is compiled by Inductor
     from its ATen graph, and called directly; any other goes through torch.compile as Thunder's
-    make_compiled would compile it (_dynamo_compiled)."""
+    make_compiled would compile it (_dynamo_compiled), writing over none of its inputs."""
     from thunder.core.proxies import TensorProxy
 
     if all(isinstance(a, TensorProxy) for a in inputs):
         return InductorRegion(_torch_callable(bsyms, inputs, outputs),
-                              functools.partial(_dynamo_compiled, bsyms, inputs, outputs))
+                              functools.partial(_dynamo_compiled, bsyms, inputs, outputs), donated, donated_saved)
     return _dynamo_compiled(bsyms, inputs, outputs)
 
 
@@ -420,10 +421,15 @@ class InductorRegion:
     (an op without a fake-tensor kernel, say) is compiled as Thunder's torchcompile executor
     would, through Dynamo (_dynamo_compiled): slower calls, same kernels; `why_dynamo` says why."""
 
-    __slots__ = ("fn", "variants", "peaks", "lock", "dynamo", "why_dynamo", "dynamo_fn", "untraceable")
+    __slots__ = ("fn", "variants", "peaks", "lock", "dynamo", "why_dynamo", "dynamo_fn", "untraceable", "donated",
+                 "donated_all")
 
-    def __init__(self, fn, dynamo):
+    def __init__(self, fn, dynamo, donated=(), donated_saved=()):
         self.fn = fn
+        # NOTE [donated inputs in Inductor]: the inputs its program may write over (_regroup.py NOTE
+        # [donated inputs]); the saved activations among them only where the backward does not keep its graph
+        self.donated = tuple(donated)
+        self.donated_all = tuple(sorted(set(donated) | set(donated_saved)))
         self.variants = {}
         self.peaks = {}  # per pattern: the bytes its program's buffers hold at most (NOTE [Inductor's buffer plan])
         self.lock = threading.Lock()
@@ -435,14 +441,22 @@ class InductorRegion:
     def __call__(self, *args):
         import torch
 
-        key = tuple([(a.size(), a.stride()) for a in args])
+        donate = self.donated_all if self.donated_all == self.donated or not _keeps_graph() else self.donated
+        key = (donate, *[(a.size(), a.stride()) for a in args])
         compiled = self.variants.get(key)
         if compiled is None:
-            compiled = self._compile(key, args)
-        if torch.is_grad_enabled():
+            compiled = self._compile(key, args, donate)
+        if not donate or compiled is self.dynamo_fn:
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    return compiled(list(args))
+            return compiled(list(args))
+        try:
             with torch.no_grad():
                 return compiled(list(args))
-        return compiled(list(args))
+        except Exception as e:
+            raise InputsWritten(f"memfuse: a region failed after its program may have written over inputs that die "
+                                f"with it, so it cannot run again on the fallback ({type(e).__name__}: {e})") from e
 
     def buffer_peak(self):
         """The most bytes the buffers of any compiled pattern's program hold at once
@@ -460,7 +474,7 @@ class InductorRegion:
             self.dynamo_fn = lambda args, fn=fn: fn(*args)
         return self.dynamo_fn
 
-    def _compile(self, key, args):
+    def _compile(self, key, args, donate=()):
         import torch
 
         with self.lock:
@@ -473,7 +487,7 @@ class InductorRegion:
                 return self._shared()
             try:
                 with torch.no_grad(), inductor_fixes.applied():  # NOTE [Inductor bugs worked around]
-                    compiled = _inductor_compile(_aten_graph(self.fn, args), args)
+                    compiled = _inductor_compile(_aten_graph(self.fn, args), args, donate)
                 self.peaks[key] = buffer_peak(getattr(compiled, "source_code", None))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                 self.why_dynamo = f"{type(e).__name__}: {e}"
@@ -481,6 +495,17 @@ class InductorRegion:
                 return self._shared()
             self.variants[key] = compiled
         return compiled
+
+
+def _keeps_graph() -> bool:
+    """Does the running backward keep its graph (backward(retain_graph=True))?  Its saved activations
+    then outlive it, and no region may write over them.  Yes where it cannot be told."""
+    import torch
+
+    try:
+        return bool(torch._C._autograd._get_current_graph_task_keep_graph())
+    except Exception:  # noqa: BLE001 - no graph task running, or no such API: keep them
+        return True
 
 
 def _aten_graph(fn, args):
@@ -494,7 +519,7 @@ def _aten_graph(fn, args):
                    decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
 
 
-def _inductor_compile(gm, args):
+def _inductor_compile(gm, args, donated=()):
     """NOTE [Inductor's graph cache]: Inductor keeps every compiled graph in its on-disk FX graph
     cache, keyed by the graph and its inputs, so that a later process (the next run of the same
     training script) skips lowering and code generation.  It looks a graph up only inside a tracing
@@ -509,10 +534,34 @@ def _inductor_compile(gm, args):
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     if fake_mode is None or fake_mode.shape_env is None:
         return compile_fx_inner(gm, list(args))
-    with tracing(TracingContext(fake_mode)):
+    context = TracingContext(fake_mode)
+    donation = _donation(context, donated)
+    with tracing(context):
         with fake_mode:  # the passes trace their replacements on the graph's fake values
             gm = _inference_passes(gm, args)
-        return compile_fx_inner(gm, [fake_mode.from_tensor(a) for a in args])
+        with donation:
+            return compile_fx_inner(gm, [fake_mode.from_tensor(a) for a in args], is_backward=bool(donated))
+
+
+def _donation(context, donated):
+    """NOTE [donated inputs in Inductor]: Inductor writes over an input only in a backward graph whose
+    tracing context lists it among the backward's donated buffers (AOTAutograd's saved activations
+    that die in the backward), and its FX graph cache does not key on that list: the region is
+    compiled as such a backward, with the list, and the cache's key tag says which inputs were
+    donated, so no program that writes over its inputs is served where none may be written over,
+    nor the reverse.  Without the tag (an Inductor that has none), nothing is donated."""
+    import contextlib
+    import types
+
+    if not donated:
+        return contextlib.nullcontext()
+    import torch.compiler.config as cconfig
+
+    if not hasattr(cconfig, "cache_key_tag") or not hasattr(cconfig, "patch"):
+        return contextlib.nullcontext()
+    context.fw_metadata = types.SimpleNamespace(bw_donated_idxs=list(donated), static_input_indices=[])
+    tag = f"{cconfig.cache_key_tag}|thunder_memfuse donated {','.join(map(str, donated))}"
+    return cconfig.patch(cache_key_tag=tag)
 
 
 def _joint_graph_passes_fn():

@@ -1,0 +1,167 @@
+"""Regions that write over inputs dying with them (integration/_regroup.py NOTE [donated inputs],
+regions/torchcompile.py NOTE [donated inputs in Inductor]): the memory it gives back, and the tensors
+it must never touch (the trace's inputs, what the caller holds, a storage read later through a view,
+the saved activations of a backward that keeps its graph).  Every test checks that memfuse planned the
+traces it compares, and the ones that need a donation check that one was made."""
+import pytest
+import torch
+import thunder
+
+from thunder_memfuse import MemFuse
+from thunder_memfuse.integration import _regroup
+from thunder_memfuse.measure import cpu_peak_bytes
+from thunder_memfuse.regions import torchcompile as tc
+
+pytestmark = pytest.mark.skipif(not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)")
+
+
+def _planned(jf, backward=False):
+    getter = thunder.last_backward_traces if backward else thunder.last_traces
+    traces = [t for t in getter(jf) if getattr(t, "_memfuse_info", None)]
+    assert traces, "memfuse did not plan this trace"
+    return traces[-1]
+
+
+def _kernels(trace):
+    """(region bound symbol, its built kernel) for the regions that ran compiled."""
+    out = []
+    for b in trace.bound_symbols:
+        if getattr(b.sym, "is_fusion", False) and b.sym.name.startswith("MemFuse"):
+            k = b._call_ctx[b.sym.name].memfuse_state["kernel"]
+            if isinstance(k, tc.InductorRegion):
+                out.append((b, k))
+    return out
+
+
+def _dropped(x, w):
+    d = torch.nn.functional.dropout(x @ w, 0.5, training=True)  # random: it stays out of regions
+    return torch.log_softmax(d, -1) * 2  # ... so the region after it is the last to read d
+
+
+def _jit(fn, **kw):
+    return thunder.jit(fn, executors=["torchcompile"], transforms=[MemFuse(**kw)])
+
+
+def _without_donations(make):
+    """make() with no region given an input to write over (and regions compiled afresh)."""
+    tc.clear_cache()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_regroup, "_donations", lambda *a: {})
+            return make()
+    finally:
+        tc.clear_cache()
+
+
+def test_a_dying_intermediate_is_written_over():
+    """The log-softmax's region writes its result over the dropout's, which it alone reads: its
+    program allocates no result buffer of its own (the row statistics only), where the same region
+    without the donation allocates one; the numbers are plain Thunder's under the same seed."""
+    torch.manual_seed(0)
+    x, w = torch.randn(512, 64), torch.randn(64, 1024)
+    jf = _jit(_dropped)
+    torch.manual_seed(1)
+    got = jf(x, w)
+    torch.manual_seed(1)
+    # plain thunder.jit's: torch's dropout, as memfuse keeps random ops out of regions (Thunder's
+    # torchcompile executor would draw Inductor's own numbers)
+    torch.testing.assert_close(got, thunder.jit(_dropped)(x, w), rtol=1e-5, atol=1e-5)
+    ((b, k),) = _kernels(_planned(jf))
+    assert k.donated == (0,), "the region was not given the dropout's result to write over"
+    (peak,) = k.peaks.values()
+    assert peak < 64 * 1024, peak  # the row statistics
+
+    def plain():
+        jp = _jit(_dropped)
+        jp(x, w)
+        ((_, kp),) = _kernels(_planned(jp))
+        assert not kp.donated
+        return next(iter(kp.peaks.values()))
+
+    assert _without_donations(plain) >= 512 * 1024 * 4
+
+
+def _keeps(x, w):
+    h = x @ w
+    v = h[:, :8]  # a view of h, read after the region that reads h
+    y = torch.tanh(h) * 2
+    return y, h, v * 3
+
+
+def test_what_outlives_the_region_is_never_written_over():
+    """The trace's inputs, a returned tensor, and a storage a later op reads through a view keep
+    their values."""
+    torch.manual_seed(0)
+    x, w = torch.randn(256, 64), torch.randn(64, 128)
+    x0, w0 = x.clone(), w.clone()
+    jf = _jit(_keeps)
+    y, h, v3 = jf(x, w)
+    torch.testing.assert_close(x, x0, rtol=0, atol=0)
+    torch.testing.assert_close(w, w0, rtol=0, atol=0)
+    want = _keeps(x0, w0)
+    for a, b in zip((y, h, v3), want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    trace = _planned(jf)
+    for b, k in _kernels(trace):
+        names = [a.name for a in b.args]
+        for i in k.donated_all:
+            assert names[i] not in {p.name for p in trace.args}, "a trace input was donated"
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 512)
+
+    def forward(self, x, targets):
+        h = torch.nn.functional.layer_norm(x, (64,))
+        return torch.nn.functional.cross_entropy(self.proj(h).reshape(-1, 512), targets.reshape(-1))
+
+
+def test_saved_activations_are_written_over_only_when_the_graph_is_not_kept():
+    """The backward writes the cross-entropy's gradient over the saved log-softmax, except in a
+    backward that keeps its graph (retain_graph=True): there a second backward reads the same saved
+    tensors and must get the same gradients."""
+    torch.manual_seed(0)
+    model = _Classifier()
+    x, targets = torch.randn(4, 256, 64), torch.randint(0, 512, (4, 256))
+    jf = _jit(model)
+
+    def grads(**kw):
+        for p in model.parameters():
+            p.grad = None
+        loss = jf(x, targets)
+        loss.backward(**kw)
+        return loss, [p.grad.clone() for p in model.parameters()]
+
+    loss, once = grads()
+    kernels = _kernels(_planned(jf, backward=True))
+    assert any(set(k.donated_all) - set(k.donated) for _, k in kernels), "no saved activation was donated"
+    peak, _ = cpu_peak_bytes(grads)
+
+    def plain():
+        jp = _jit(model)
+        for p in model.parameters():
+            p.grad = None
+        jp(x, targets).backward()
+        for p in model.parameters():
+            p.grad = None
+        return cpu_peak_bytes(lambda: jp(x, targets).backward())[0]
+
+    # the gradient of the logits written over the saved log-softmax: one logits-sized tensor less
+    assert peak <= _without_donations(plain) - 4 * 256 * 512 * 4 + 256 * 1024, peak
+    for p in model.parameters():
+        p.grad = None
+    model(x, targets).backward()
+    for g, p in zip(once, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+    for p in model.parameters():
+        p.grad = None
+    kept = jf(x, targets)
+    kept.backward(retain_graph=True)
+    first = [p.grad.clone() for p in model.parameters()]
+    kept.backward()  # the same saved tensors again
+    for a, b, g in zip(first, [p.grad for p in model.parameters()], once):
+        torch.testing.assert_close(a, g, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b, 2 * g, rtol=1e-5, atol=1e-6)
