@@ -24,6 +24,15 @@ VISION = ("deit", "swin", "convnext", "clip_vision_model", "beit")
 _NO_KV_HEADS = ("bloom", "gpt_neox", "gpt_bigcode", "phi")  # configs without num_key_value_heads
 
 
+def _no_dropout(cfg):
+    """Every dropout probability of the config set to 0 (GPTBigCode, Phi and others default to 0.1), so
+    rows compare gradients, not random draws."""
+    for k, v in cfg.to_dict().items():
+        if isinstance(v, float) and ("dropout" in k or "pdrop" in k or k.endswith("drop_path_rate")):
+            setattr(cfg, k, 0.0)
+    return cfg
+
+
 def _train(m, ckpt):
     m.train()  # HF checkpointing only runs in training mode
     if ckpt:
@@ -41,7 +50,7 @@ def decoder(kind, ckpt, vocab, size):
         kw["num_key_value_heads"] = 2
     if kind in ("gemma", "gemma2"):  # their default head_dim is fixed, not hidden / heads
         kw["head_dim"] = h // 4
-    m = _train(T.AutoModelForCausalLM.from_config(T.AutoConfig.for_model(kind, **kw)), ckpt)
+    m = _train(T.AutoModelForCausalLM.from_config(_no_dropout(T.AutoConfig.for_model(kind, **kw))), ckpt)
 
     class DecoderStep(torch.nn.Module):
         def __init__(self, m):
@@ -61,7 +70,11 @@ def encoder(kind, ckpt, vocab, size):
                                  num_attention_heads=4, intermediate_size=4 * h, hidden_dropout_prob=0.0,
                                  attention_probs_dropout_prob=0.0, embedding_size=h,
                                  max_position_embeddings=size["positions"] + 2)  # RoBERTa offsets by the pad id
-    m = _train(T.AutoModel.from_config(cfg), ckpt)
+    try:  # no pooler: the token head does not read it (its parameters would get no gradient)
+        m = T.AutoModel.from_config(_no_dropout(cfg), add_pooling_layer=False)
+    except TypeError:
+        m = T.AutoModel.from_config(_no_dropout(cfg))
+    m = _train(m, ckpt)
 
     class EncoderStep(torch.nn.Module):
         def __init__(self, m):
@@ -91,7 +104,7 @@ def vision(kind, ckpt, vocab, size, classes=10):
         cfg = T.AutoConfig.for_model(kind, image_size=32, patch_size=4, hidden_size=h, num_hidden_layers=size["layers"],
                                      num_attention_heads=4, intermediate_size=4 * h, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0)
-    m = _train(T.AutoModel.from_config(cfg), ckpt)
+    m = _train(T.AutoModel.from_config(_no_dropout(cfg)), ckpt)
     with torch.no_grad():  # the head's width is the pooled output's, whatever the model's layout
         o = m(pixel_values=torch.zeros(1, 3, 32, 32))
         pooled = o.pooler_output if getattr(o, "pooler_output", None) is not None else o.last_hidden_state[:, 0]

@@ -260,7 +260,8 @@ def run_one(name, ckpt, mode, batch, seq, vocab, do_compare=False):
             step()
             res["first_s"] = time.perf_counter() - t0
             peak, loss = cpu_peak_bytes(step)
-            res.update(peak=peak, loss=loss.item(), grads=[p.grad.clone() for p in params])
+            res.update(peak=peak, loss=loss.item(),  # a parameter the loss does not reach has no gradient
+                       grads=[p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params])
             if do_compare and mode.endswith("memfuse"):
                 from thunder_memfuse.measure import compare
                 for p in params:
