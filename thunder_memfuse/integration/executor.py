@@ -101,6 +101,7 @@ def make_region_callable(group, compiler):
     run.__name__ = name
     run.__qualname__ = name
     run.memfuse_state = state  # what the region built (state["kernel"]), for reports and tests
+    run.memfuse_group = group
     return run
 
 

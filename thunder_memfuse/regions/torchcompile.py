@@ -334,11 +334,17 @@ def program_key(bsyms, inputs, outputs):
     return " ".join(toks), meta, len(outputs)
 
 
+def cache_key(group: Group):
+    """The region's key in the compile cache: its program (program_key) and the inputs it may write
+    over (NOTE [donated inputs in Inductor]), which make another program."""
+    return program_key(group.bsyms, group.inputs, group.outputs), group.donated, group.donated_saved
+
+
 def build(group: Group):
     """The compiled callable of a region (shared by every region with the same program).
     Inductor compiles on the first call (per stride pattern), so compile errors surface there."""
     bsyms, inputs, outputs = group.bsyms, group.inputs, group.outputs
-    key = program_key(bsyms, inputs, outputs), group.donated, group.donated_saved
+    key = cache_key(group)
     fn = _cache.get(key)
     if fn is not None:
         stats["reused"] += 1
