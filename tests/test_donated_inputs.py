@@ -165,3 +165,28 @@ def test_saved_activations_are_written_over_only_when_the_graph_is_not_kept():
     for a, b, g in zip(first, [p.grad for p in model.parameters()], once):
         torch.testing.assert_close(a, g, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b, 2 * g, rtol=1e-5, atol=1e-6)
+
+
+def _converts(x, w):
+    h = x @ w
+    c = h.contiguous()  # h itself at run time: contiguous already
+    t = h.to(torch.float32)  # ... and so is this
+    return torch.tanh(c) + h.sin() + t
+
+
+def test_a_conversion_that_may_return_its_argument_shares_its_storage():
+    """The memory model counts `contiguous` and `to` as new tensors (conservative there); a region
+    writing over one of them would write over the tensor they return as they are, which another name
+    still reads: for donations they share their argument's storage."""
+    from thunder_memfuse.integration import _planning
+
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 32), torch.randn(32, 64)
+    jf = _jit(_converts)
+    torch.testing.assert_close(jf(x, w), _converts(x, w), rtol=1e-5, atol=1e-5)
+    trace = thunder.last_traces(jf)[0]
+    root = _planning.donation_root(trace)
+    mm = next(b for b in trace.bound_symbols if b.sym.name == "matmul").output
+    for name in ("contiguous", "to"):
+        out = next(b for b in trace.bound_symbols if b.sym.name == name).output
+        assert root(out) == (mm, False), (name, root(out))

@@ -182,15 +182,70 @@ def held_output_bytes(forward_trace, saved: dict | None) -> int:
 def donatable_saved(forward_trace, saved: dict | None) -> dict:
     """{saved name: storage key} of the saved activations (saved_storages) whose storage is none of
     the outputs the forward returns to its caller: the storages its backward may write over
-    (_regroup.py NOTE [donated inputs]).  {} where the outputs cannot be told."""
+    (_regroup.py NOTE [donated inputs]), keyed by donation_root (so two saved tensors a no-op
+    conversion made of one storage share a key).  {} where the outputs cannot be told."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
     out = forward_trace.output
     first = out[0] if isinstance(out, tuple) and out else None
     flat = first.get("flat_output") if isinstance(first, dict) else None
     if flat is None or not saved:
         return {}
-    root = _root_of(forward_trace)
+    root = donation_root(forward_trace)
     held = {root(o)[0].name for o in flat if isinstance(o, TensorProxy)}
-    return {name: key for name, (key, _) in saved.items() if key not in held}
+    result = {}
+    for s in get_saved_for_backward_tensors(forward_trace):
+        if not isinstance(s, TensorProxy) or s.name not in saved:
+            continue
+        r, is_input = root(s)
+        if not is_input and r.name not in held:
+            result[s.name] = r.name
+    return result
+
+
+_MAY_RETURN_ARG = frozenset(f for n in ("contiguous", "to", "type_as", "stride_order", "convert_element_type")
+                            for f in (n, f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl"))
+
+
+def donation_root(trace):
+    """root(proxy) -> (root proxy, is an input): _planning's view chains (_aliases NOTE [storage
+    identity]), and through the conversions that may return their argument (_MAY_RETURN_ARG): the
+    storages a region may write over (_regroup.py NOTE [donated inputs]) are told apart by it."""
+    from thunder.core.proxies import TensorProxy
+
+    from ._aliases import aliases
+
+    producer = {}
+
+    def index(bsyms):
+        for b in bsyms:
+            if b.subsymbols and getattr(b.sym, "is_fusion", False):
+                index(b.subsymbols)
+            for o in b.flat_proxy_outs:
+                producer.setdefault(o.name, b)
+
+    index(trace.bound_symbols)
+
+    def root(p):
+        for _ in range(10_000):  # chains are short; the bound guards a cycle
+            b = producer.get(p.name)
+            if b is None or b.sym.id in PROLOGUE_IDS:
+                return p, True
+            args = b.flat_proxy_args
+            found = aliases(b)
+            j = next((j for j, o in enumerate(b.flat_proxy_outs) if getattr(o, "name", None) == p.name), None)
+            e = found[j] if found and j is not None and j < len(found) else None
+            if e is not None:
+                p = args[e[0]]
+                continue
+            first = next((a for a in args if isinstance(a, TensorProxy)), None)
+            if b.sym.name in _MAY_RETURN_ARG and first is not None:
+                p = first
+                continue
+            return p, False
+        return p, True
+
+    return root
 
 
 def _proxy_bytes(p) -> int:
@@ -232,4 +287,4 @@ def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
     return out
 
 
-__all__ = ["plan_trace", "saved_storages", "donatable_saved", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]
+__all__ = ["plan_trace", "saved_storages", "donatable_saved", "donation_root", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]

@@ -73,12 +73,15 @@ def _donations(stripped, steps, donatable_saved) -> dict:
     backward does not keep its graph, regions/torchcompile.py), and when: no later step reads that
     storage (the return included), no other input of the region is a view of it, and no output of
     the region is.  Never the trace's inputs (parameters, the batch, incoming gradients: a caller may
-    hold them)."""
+    hold them).  Storages are followed through the conversions that may return their argument itself
+    (_planning.donation_root: `contiguous` of a contiguous tensor, `to` its own dtype: the memory model counts them as new
+    tensors, which is only conservative there, but here it would let a region write over a storage
+    another name still reads)."""
     from thunder.core.proxies import TensorProxy
 
-    from ._planning import _root_of
+    from ._planning import donation_root
 
-    root = _root_of(stripped)
+    root = donation_root(stripped)
 
     def storage(p):
         r, is_input = root(p)
