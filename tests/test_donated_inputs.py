@@ -1,5 +1,5 @@
 """Regions that write over inputs dying with them (integration/_regroup.py NOTE [donated inputs],
-regions/torchcompile.py NOTE [donated inputs in Inductor]): the memory it gives back, and the tensors
+regions/inductor_graph.py NOTE [donated inputs in Inductor]): the memory it gives back, and the tensors
 it must never touch (the trace's inputs, what the caller holds, a storage read later through a view,
 the saved activations of a backward that keeps its graph).  Every test checks that memfuse planned the
 traces it compares, and the ones that need a donation check that one was made."""

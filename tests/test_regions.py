@@ -366,7 +366,7 @@ class _Head(torch.nn.Module):
 @pytest.mark.parametrize("rewritten", [True, False], ids=["inductor-rewrites-it", "stored"])
 def test_a_loss_gradients_scatter_is_planned_as_its_program_holds_it(rewritten):
     """NOTE [scatters are stored]: a cross-entropy's backward writes its gradient by a scatter of one
-    scalar per row into zeros.  Inductor's joint-graph passes (NOTE [Inductor's inference passes])
+    scalar per row into zeros.  Inductor's joint-graph passes (regions/inductor_graph.py NOTE [Inductor's inference passes])
     rewrite it into a pointwise select, so it is an inner value of its region; with the rewrite
     configured off, Inductor writes it to memory even inside a region and it is STORED.  Either way
     the backward's compiled buffers stay within its planned peak (tests/test_memory_budget.py checks

@@ -115,8 +115,12 @@ def saved_storages(forward_trace) -> dict:
     return out
 
 
-def _root_of(forward_trace):
-    """root(proxy) -> (root proxy, is an input) along the forward's view chains."""
+def _root_of(forward_trace, *, donation=False):
+    """root(proxy) -> (root proxy, is an input) along the forward's view chains.  donation: also
+    through a may-alias (an alias whatever its strides or not) and the conversions that may return
+    their argument (_MAY_RETURN_ARG; donation_root)."""
+    from thunder.core.proxies import TensorProxy
+
     from ._aliases import aliases
 
     producer = {}
@@ -143,9 +147,14 @@ def _root_of(forward_trace):
             found = aliases(b)
             j = next((j for j, o in enumerate(b.flat_proxy_outs) if getattr(o, "name", None) == p.name), None)
             e = found[j] if found and j is not None and j < len(found) else None
-            if e is None or not e[1]:
-                return p, False
-            p = b.flat_proxy_args[e[0]]
+            if e is not None and (e[1] or donation):
+                p = b.flat_proxy_args[e[0]]
+                continue
+            first = next((a for a in b.flat_proxy_args if isinstance(a, TensorProxy)), None)
+            if donation and e is None and b.sym.name in _MAY_RETURN_ARG and first is not None:
+                p = first
+                continue
+            return p, False
         return p, True
 
     return root
@@ -208,44 +217,10 @@ _MAY_RETURN_ARG = frozenset(f for n in ("contiguous", "to", "type_as", "stride_o
 
 
 def donation_root(trace):
-    """root(proxy) -> (root proxy, is an input): _planning's view chains (_aliases NOTE [storage
+    """root(proxy) -> (root proxy, is an input): _root_of's view chains (_aliases NOTE [storage
     identity]), and through the conversions that may return their argument (_MAY_RETURN_ARG): the
     storages a region may write over (_regroup.py NOTE [donated inputs]) are told apart by it."""
-    from thunder.core.proxies import TensorProxy
-
-    from ._aliases import aliases
-
-    producer = {}
-
-    def index(bsyms):
-        for b in bsyms:
-            if b.subsymbols and getattr(b.sym, "is_fusion", False):
-                index(b.subsymbols)
-            for o in b.flat_proxy_outs:
-                producer.setdefault(o.name, b)
-
-    index(trace.bound_symbols)
-
-    def root(p):
-        for _ in range(10_000):  # chains are short; the bound guards a cycle
-            b = producer.get(p.name)
-            if b is None or b.sym.id in PROLOGUE_IDS:
-                return p, True
-            args = b.flat_proxy_args
-            found = aliases(b)
-            j = next((j for j, o in enumerate(b.flat_proxy_outs) if getattr(o, "name", None) == p.name), None)
-            e = found[j] if found and j is not None and j < len(found) else None
-            if e is not None:
-                p = args[e[0]]
-                continue
-            first = next((a for a in args if isinstance(a, TensorProxy)), None)
-            if b.sym.name in _MAY_RETURN_ARG and first is not None:
-                p = first
-                continue
-            return p, False
-        return p, True
-
-    return root
+    return _root_of(trace, donation=True)
 
 
 def _proxy_bytes(p) -> int:

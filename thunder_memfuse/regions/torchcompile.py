@@ -22,7 +22,7 @@ NOTE [scatters are stored]: Inductor lowers an op that writes scattered position
 index_copy themselves) to a buffer it must write in memory before anything reads it: no consumer's
 loop can compute an element of it in place.  Such an op is STORED (_REALIZED_NAMES): its result and
 what it reads count as stored while its region runs.  nll_loss_backward is the exception where
-Inductor's joint-graph passes run (NOTE [Inductor's inference passes]): its decomposition scatters one
+Inductor's joint-graph passes run (inductor_graph.py NOTE [Inductor's inference passes]): its decomposition scatters one
 scalar per row into zeros, which the scatter-upon-constant pattern rewrites into a pointwise select, so
 a cross-entropy's backward region [nll_loss_backward, log_softmax_backward] holds one logits-sized
 buffer, not two (_REWRITTEN_SCATTERS).  Without those passes (Inductor configured not to run them) it
@@ -57,7 +57,7 @@ import threading
 import tokenize
 
 from .._memo import memoized
-from . import inductor_fixes
+from . import inductor_fixes, inductor_graph
 from .base import (Group, InputsWritten, always, never, pair_by_roles, predicate, pure, region_trace, same_as_one_read,
                    tensor_op)
 from .inductor_buffers import buffer_peak
@@ -135,12 +135,12 @@ _REWRITTEN_SCATTERS = frozenset({"nll_loss_backward", "nll_loss2d_backward"})  #
 
 def _scatter_upon_constants_rewritten() -> bool:
     """Will Inductor's joint-graph passes turn a scatter of a scalar into zeros into a pointwise
-    select, in the programs memfuse compiles (NOTE [Inductor's inference passes])?"""
+    select, in the programs memfuse compiles (inductor_graph.py NOTE [Inductor's inference passes])?"""
     try:
         from torch._inductor import config
     except Exception:  # noqa: BLE001 - no Inductor: nothing is rewritten
         return False
-    return bool(_joint_graph_passes_fn() is not None and config.use_joint_graph_passes and config.pattern_matcher
+    return bool(inductor_graph.joint_graph_passes() is not None and config.use_joint_graph_passes and config.pattern_matcher
                 and getattr(config, "optimize_scatter_upon_const_tensor", False))
 
 
@@ -336,7 +336,7 @@ def program_key(bsyms, inputs, outputs):
 
 def cache_key(group: Group):
     """The region's key in the compile cache: its program (program_key) and the inputs it may write
-    over (NOTE [donated inputs in Inductor]), which make another program."""
+    over (inductor_graph.py NOTE [donated inputs in Inductor]), which make another program."""
     return program_key(group.bsyms, group.inputs, group.outputs), group.donated, group.donated_saved
 
 
@@ -432,7 +432,7 @@ class InductorRegion:
 
     def __init__(self, fn, dynamo, donated=(), donated_saved=()):
         self.fn = fn
-        # NOTE [donated inputs in Inductor]: the inputs its program may write over (_regroup.py NOTE
+        # inductor_graph.py NOTE [donated inputs in Inductor]: the inputs its program may write over (_regroup.py NOTE
         # [donated inputs]); the saved activations among them only where the backward does not keep its graph
         self.donated = tuple(donated)
         self.donated_all = tuple(sorted(set(donated) | set(donated_saved)))
@@ -452,15 +452,14 @@ class InductorRegion:
         compiled = self.variants.get(key)
         if compiled is None:
             compiled = self._compile(key, args, donate)
-        if not donate or compiled is self.dynamo_fn:
+        try:
             if torch.is_grad_enabled():
                 with torch.no_grad():
                     return compiled(list(args))
             return compiled(list(args))
-        try:
-            with torch.no_grad():
-                return compiled(list(args))
         except Exception as e:
+            if not donate or compiled is self.dynamo_fn:
+                raise
             raise InputsWritten(f"memfuse: a region failed after its program may have written over inputs that die "
                                 f"with it, so it cannot run again on the fallback ({type(e).__name__}: {e})") from e
 
@@ -493,7 +492,7 @@ class InductorRegion:
                 return self._shared()
             try:
                 with torch.no_grad(), inductor_fixes.applied():  # NOTE [Inductor bugs worked around]
-                    compiled = _inductor_compile(_aten_graph(self.fn, args), args, donate)
+                    compiled = inductor_graph.compile_region(_aten_graph(self.fn, args), args, donate)
                 self.peaks[key] = buffer_peak(getattr(compiled, "source_code", None))
             except Exception as e:  # Dynamo's way; its own errors go to the region's fallback
                 self.why_dynamo = f"{type(e).__name__}: {e}"
@@ -523,80 +522,6 @@ def _aten_graph(fn, args):
 
     return make_fx(torch.func.functionalize(fn, remove="mutations"),
                    decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
-
-
-def _inductor_compile(gm, args, donated=()):
-    """NOTE [Inductor's graph cache]: Inductor keeps every compiled graph in its on-disk FX graph
-    cache, keyed by the graph and its inputs, so that a later process (the next run of the same
-    training script) skips lowering and code generation.  It looks a graph up only inside a tracing
-    context whose fake mode has a shape environment (guards on symbolic sizes are part of an
-    entry); called bare, compile_fx_inner bypasses the cache and every region of every run was
-    generated anew, where torch.compile (through Dynamo and AOTAutograd) hits it.  So the graph is
-    compiled as AOTAutograd hands it over: inside a TracingContext with make_fx's fake mode, on
-    fake copies of the inputs."""
-    from torch._guards import TracingContext, detect_fake_mode, tracing
-    from torch._inductor.compile_fx import compile_fx_inner
-
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
-    if fake_mode is None or fake_mode.shape_env is None:
-        return compile_fx_inner(gm, list(args))
-    context = TracingContext(fake_mode)
-    donation = _donation(context, donated)
-    with tracing(context):
-        with fake_mode:  # the passes trace their replacements on the graph's fake values
-            gm = _inference_passes(gm, args)
-        with donation:
-            return compile_fx_inner(gm, [fake_mode.from_tensor(a) for a in args], is_backward=bool(donated))
-
-
-def _donation(context, donated):
-    """NOTE [donated inputs in Inductor]: Inductor writes over an input only in a backward graph whose
-    tracing context lists it among the backward's donated buffers (AOTAutograd's saved activations
-    that die in the backward), and its FX graph cache does not key on that list: the region is
-    compiled as such a backward, with the list, and the cache's key tag says which inputs were
-    donated, so no program that writes over its inputs is served where none may be written over,
-    nor the reverse.  Without the tag (an Inductor that has none), nothing is donated."""
-    import contextlib
-    import types
-
-    if not donated:
-        return contextlib.nullcontext()
-    import torch.compiler.config as cconfig
-
-    if not hasattr(cconfig, "cache_key_tag") or not hasattr(cconfig, "patch"):
-        return contextlib.nullcontext()
-    context.fw_metadata = types.SimpleNamespace(bw_donated_idxs=list(donated), static_input_indices=[])
-    tag = f"{cconfig.cache_key_tag}|thunder_memfuse donated {','.join(map(str, donated))}"
-    return cconfig.patch(cache_key_tag=tag)
-
-
-def _joint_graph_passes_fn():
-    try:
-        from torch._inductor.compile_fx import _recursive_joint_graph_passes
-    except ImportError:  # an Inductor without them: its graphs go as they are
-        return None
-    return _recursive_joint_graph_passes
-
-
-def _inference_passes(gm, args):
-    """NOTE [Inductor's inference passes]: torch.compile hands Inductor an inference graph (grad mode
-    off, as a region's) only after its joint-graph passes (compile_fx's forward path: no-op removal,
-    uniform-value constant folding, pattern rewrites); compile_fx_inner does not run them.  Without
-    them a region's program is not the one torch.compile would generate: a cross-entropy backward's
-    [nll_loss_backward, log_softmax_backward] held two logits-sized buffers, where torch.compile's holds
-    one (the scatter of a scalar into zeros rewritten into a pointwise select).  So they run here, as
-    Inductor's own forward path calls them."""
-    import inspect
-
-    import torch
-
-    passes = _joint_graph_passes_fn()
-    if passes is None:
-        return gm
-    kw = {}
-    if "input_device" in inspect.signature(passes).parameters:
-        kw["input_device"] = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-    return passes(gm, **kw)
 
 
 def clear_cache() -> None:
