@@ -173,7 +173,7 @@ def test_inference_takes_the_fused_forward_once_per_call():
     with torch.no_grad():
         torch.testing.assert_close(jf(q, k, v, m), f(q, k, v, m), rtol=0, atol=0)
     assert "memfuse_sdpa_cpu_forward" in _ops(thunder.last_traces(jf)[-1])
-    assert attention.attention_summary(thunder.compile_data(jf)) == {"fused": 1, "decomposed": []}
+    assert attention.attention_summary(thunder.compile_data(jf)) == {"fused": 1, "decomposed": [], "written_out": 0}
 
 
 def test_plain_thunder_without_memfuse_is_untouched():

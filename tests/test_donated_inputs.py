@@ -190,3 +190,95 @@ def test_a_conversion_that_may_return_its_argument_shares_its_storage():
     for name in ("contiguous", "to"):
         out = next(b for b in trace.bound_symbols if b.sym.name == name).output
         assert root(out) == (mm, False), (name, root(out))
+
+
+def test_the_planner_counts_a_donated_input_as_given_back():
+    """csrc/core/mf_credit.c NOTE [donated inputs], on a graph: a pointwise result of a fused group
+    takes the buffer of a donatable input the group reads last, so the group counts it once; the
+    simulator agrees with the plan, and an input that is not donatable, read after the group, or
+    read through a view gives nothing back.  A bad id is an error that names the argument."""
+    from thunder_memfuse import _plan
+
+    # x (input) -> a (op 0, runs alone) -> b (op 1, reads a) -> c (op 2, pointwise, reads b): a and c
+    # of one size
+    ops, vb = [([0], [1]), ([1], [2]), ([2], [3])], [100, 100, 100, 100]
+    kw = dict(graph_inputs=[0], graph_outputs=[3], fusible=[False, True, 3])
+    plain = _plan.plan(ops, vb, **kw)
+    given = _plan.plan(ops, vb, donatable=[1], **kw)
+    assert (plain.peak_bytes, given.peak_bytes, given.groups) == (200, 100, [[0], [1, 2]]), (plain, given)
+    grouped = dict(order=[0, 1, 2], groups=[[0], [1, 2]])
+    assert _plan.simulate(ops, vb, grouped["order"], grouped["groups"], donatable=[1], **kw)[1] == [100, 100]
+    assert _plan.simulate(ops, vb, grouped["order"], grouped["groups"], **kw)[1] == [100, 200]
+    # read after the group (op 3 reads a again): a lives on, nothing to take
+    ops2, vb2 = ops + [([1, 3], [4])], vb + [100]
+    kw2 = dict(graph_inputs=[0], graph_outputs=[4], fusible=[False, True, 3, False])
+    assert _plan.simulate(ops2, vb2, [0, 1, 2, 3], [[0], [1, 2], [3]], donatable=[1], **kw2)[1][1] == 200
+    # read through a view (value 4 aliases a): never donated
+    ops3 = [([0], [1]), ([1], [4]), ([4], [2]), ([2], [3])]
+    kw3 = dict(graph_inputs=[0], graph_outputs=[3], fusible=[False, True, True, 3], aliases=[(4, 1)])
+    with_view = _plan.simulate(ops3, vb + [100], [0, 1, 2, 3], [[0], [1], [2, 3]], donatable=[1], **kw3)
+    assert with_view[1][2] == 200, with_view
+    with pytest.raises(ValueError, match="donatable"):
+        _plan.plan(ops, vb, donatable=[7], **kw)
+
+
+def test_the_backward_plan_counts_the_saved_activation_its_gradient_takes():
+    """The planner knows what the regions' donated inputs give back (transform passes the donatable
+    storages to the core): the classifier's backward is planned one logits tensor lower than with no
+    donations counted, and compare() still finds the plan within one tensor of the measurement."""
+    from thunder_memfuse.integration import _planning
+    from thunder_memfuse.measure import compare
+    from thunder_memfuse.reports._traces import _schedules
+
+    torch.manual_seed(0)
+    model = _Classifier()
+    x, targets = torch.randn(4, 256, 64), torch.randint(0, 512, (4, 256))
+
+    def planned_backward():
+        jf = _jit(model)
+        jf(x, targets).backward()
+        return jf, _planned(jf, backward=True)._memfuse_info
+
+    jf, info = planned_backward()
+    assert info["graph"]["donatable"], "no storage was passed to the planner as donatable"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_planning, "donatable_names", lambda *a: frozenset())
+        _, blind = planned_backward()
+    assert not blind["graph"]["donatable"]
+
+    def gradient_step(inf):
+        """The planned bytes of the step that makes the logits' gradient (the log-softmax backward)."""
+        g, plan = inf["graph"], inf["plan"]
+        _, (_, steps, _) = _schedules(inf)
+        (k,) = [k for k, grp in enumerate(plan["groups"])
+                if any(inf["names"][v] == logits_grad for op in grp for v in g["ops"][op][1])]
+        return steps[k]
+
+    bw = _planned(jf, backward=True)
+    logits_grad = next(b for b in bw.bound_symbols for s in b.subsymbols
+                       if "_log_softmax_backward_data" in s.sym.name).output
+    logits_grad = logits_grad[0].name if isinstance(logits_grad, tuple) else logits_grad.name
+    logits = 4 * 256 * 512 * 4
+    assert gradient_step(info) == gradient_step(blind) - logits, (gradient_step(info), gradient_step(blind))
+    assert info["plan"]["peak_bytes"] < blind["plan"]["peak_bytes"]
+    c = compare(jf, x, targets)
+    assert c["backward"].within_one_tensor, c.summary()
+
+
+def test_storages_a_conversion_joins_are_not_donatable_to_the_planner():
+    """donatable_names leaves out the storages the donation keys join (a `contiguous` or `to` that may
+    return the matmul's result): the model counts them apart, and a region may write over none of
+    them while another is read; the values the trace makes alone are donatable."""
+    from thunder_memfuse.integration import _planning
+
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 32), torch.randn(32, 64)
+    jf = _jit(_converts)
+    jf(x, w)
+    trace = thunder.last_traces(jf)[0]
+    names = _planning.donatable_names(trace.bound_symbols, None, None)
+    joined = {b.output.name for b in trace.bound_symbols if b.sym.name in ("matmul", "contiguous", "to")}
+    assert len(joined) == 3 and not joined & names, (joined, names)
+    tanh = next(b for b in trace.bound_symbols if b.sym.name == "tanh").output.name
+    assert tanh in names
+    assert not {p.name for p in trace.args} & names, "a trace input was donatable"

@@ -410,7 +410,10 @@ def test_a_loss_gradients_scatter_is_planned_as_its_program_holds_it(rewritten):
             with config.patch({"optimize_scatter_upon_const_tensor": False}):
                 tc.clear_cache()
                 _, stored = run()
-            assert planned <= stored - 4 * 256 * 512 * 4 + 64, (planned, stored)  # one logits-sized tensor less
+            # one logits-sized tensor less, less what then becomes the peak: the weight gradient's
+            # matmul output (512 x 64), once the log-softmax gradient takes the saved log-softmax's
+            # storage (NOTE [reuse credit])
+            assert planned <= stored - 4 * 256 * 512 * 4 + 512 * 64 * 4 + 64, (planned, stored)
     finally:
         tc.clear_cache()
 

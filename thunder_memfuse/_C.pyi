@@ -48,6 +48,7 @@ def plan(
     cheap: Sequence[object] | None = None,
     peak_allowance: int = 0,
     peak_target: int = 0,
+    donatable: _Ids = (),
 ) -> dict[str, Any]: ...
 def simulate(
     ops: Sequence[tuple[_Ids, _Ids] | Sequence[_Ids]],
@@ -60,6 +61,7 @@ def simulate(
     aliases: _Pairs = (),
     fusible: Sequence[object] | None = None,
     epilogues: _Pairs = (),
+    donatable: _Ids = (),
 ) -> tuple[int, list[int], list[int]]: ...
 def min_cut(
     n: int, src: Sequence[int], dst: Sequence[int], capacity: Sequence[int], source: int, sink: int
@@ -76,6 +78,7 @@ def plan_trace(
     recompute: int = 0,
     peak_allowance: int = 0,
     peak_target: int = 0,
+    donatable: Any = None,
 ) -> dict[str, Any]: ...
 def _validate_max_states(max_states: int | None, /) -> int | None: ...
 

@@ -65,7 +65,7 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
          after: Sequence[Pair] = (), max_states: Optional[int] = None, fuse: bool = True,
          epilogues: Sequence[Pair] = (), fusion_moves: bool = True, comm: Sequence[Pair] = (),
          comm_overlap: bool = True, recompute: int = 0, cheap: Optional[Sequence[bool]] = None,
-         peak_allowance: int = 0, peak_target: int = 0) -> Plan:
+         peak_allowance: int = 0, peak_target: int = 0, donatable: Sequence[int] = ()) -> Plan:
     """Plan the order and fusion grouping of a graph with the least peak bytes.
 
     ops: sequence of (input value ids, output value ids); op i is ops[i].
@@ -104,11 +104,14 @@ def plan(ops: Sequence[Op], value_bytes: Sequence[int], *, graph_inputs: Sequenc
     recomputation passes stop at the first plan whose fused peak is at most this,
     so the plan copies as little as fits; `pipeline["fits"]` says whether one did
     (else the lowest plan found).
+    donatable: value ids whose storage the fused group reading it last may write a result over, as a
+    compiler given it as a donated buffer does (csrc/core/mf_credit.c NOTE [donated inputs]): a
+    pointwise result of its size then takes its buffer in the plan's count.
     """
     d = _C.plan(ops, value_bytes, graph_inputs=graph_inputs, graph_outputs=graph_outputs, aliases=aliases,
                 fusible=fusible, after=after, max_states=max_states, fuse=fuse, epilogues=epilogues,
                 fusion_moves=fusion_moves, comm=comm, comm_overlap=comm_overlap, recompute=recompute,
-                cheap=cheap, peak_allowance=peak_allowance, peak_target=peak_target)
+                cheap=cheap, peak_allowance=peak_allowance, peak_target=peak_target, donatable=donatable)
     return Plan(**d)
 
 
@@ -116,7 +119,7 @@ def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int]
              groups: Optional[Sequence[Sequence[int]]] = None, *, graph_inputs: Sequence[int] = (),
              graph_outputs: Sequence[int] = (), aliases: Sequence[Pair] = (),
              fusible: Optional[Sequence[bool | int]] = None,
-             epilogues: Sequence[Pair] = ()) -> Tuple[int, list[int], list[int]]:
+             epilogues: Sequence[Pair] = (), donatable: Sequence[int] = ()) -> Tuple[int, list[int], list[int]]:
     """Score a schedule with the core's cost model.
 
     order: every op once, keeping every dependency.  groups (optional): lists
@@ -126,7 +129,7 @@ def simulate(ops: Sequence[Op], value_bytes: Sequence[int], order: Sequence[int]
     each step (op or group) runs, and the live bytes after each step.
     fusible: as plan()'s; only the stored level (2) changes a group's cost.
     epilogues: as plan()'s: a two-op group (u, v) where v is u's epilogue runs as an epilogue pair, so
-    a plan's order, groups, fusible and epilogues give back its peak_bytes.
+    a plan's order, groups, fusible and epilogues give back its peak_bytes; so do its donatable values.
     """
     return _C.simulate(ops, value_bytes, order, groups, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
-                       aliases=aliases, fusible=fusible, epilogues=epilogues)
+                       aliases=aliases, fusible=fusible, epilogues=epilogues, donatable=donatable)

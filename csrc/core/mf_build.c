@@ -96,6 +96,7 @@ void mf_gbuf_free(mf_gbuf *b)
     mf_free(&c, b->alias_of);
     mf_free(&c, b->is_input);
     mf_free(&c, b->is_output);
+    mf_free(&c, b->donatable);
     mf_free(&c, b->after);
     mf_free(&c, b->epilogue_of);
     mf_free(&c, b->comm);
@@ -111,20 +112,21 @@ int32_t mf_gbuf_add_value(mf_gbuf *b, int64_t bytes, int is_input)
         return fail(b);
     need = (size_t)b->n_values + 1;
     if (need > b->cap_values) {
-        /* the four per-value arrays share one capacity: commit it only when
+        /* the five per-value arrays share one capacity: commit it only when
          * all of them grew */
-        size_t c1 = b->cap_values, c2 = c1, c3 = c1, c4 = c1;
+        size_t c1 = b->cap_values, c2 = c1, c3 = c1, c4 = c1, c5 = c1;
         if (grow(b, &b->value_bytes, &c1, need, sizeof(int64_t)) < 0 ||
             grow(b, &b->alias_of, &c2, need, sizeof(int32_t)) < 0 || grow(b, &b->is_input, &c3, need, 1) < 0 ||
-            grow(b, &b->is_output, &c4, need, 1) < 0)
+            grow(b, &b->is_output, &c4, need, 1) < 0 || grow(b, &b->donatable, &c5, need, 1) < 0)
             return -1;
-        b->cap_values = least(least(c1, c2), least(c3, c4));
+        b->cap_values = least(least(least(c1, c2), least(c3, c4)), c5);
     }
     v = b->n_values++;
     b->value_bytes[v] = bytes;
     b->alias_of[v] = -1;
     b->is_input[v] = (uint8_t)(is_input != 0);
     b->is_output[v] = 0;
+    b->donatable[v] = 0;
     return v;
 }
 
@@ -216,6 +218,14 @@ int mf_gbuf_after(mf_gbuf *b, int32_t a, int32_t c)
     return 0;
 }
 
+void mf_gbuf_set_donatable(mf_gbuf *b, int32_t v)
+{
+    if (v >= 0 && v < b->n_values) {
+        b->donatable[v] = 1;
+        b->any_donatable = 1;
+    }
+}
+
 void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d)
 {
     static const int32_t zero = 0;
@@ -230,6 +240,7 @@ void mf_gbuf_desc(const mf_gbuf *b, mf_graph_desc *d)
     d->alias_of = b->alias_of;
     d->is_input = b->is_input;
     d->is_output = b->is_output;
+    d->donatable = b->any_donatable ? b->donatable : NULL;
     d->fusible = b->fusible;
     d->n_after = b->n_after;
     d->after = b->after;

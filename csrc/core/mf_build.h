@@ -41,6 +41,8 @@ typedef struct mf_gbuf {
     int64_t *value_bytes;      /* n_values */
     int32_t *alias_of;
     uint8_t *is_input, *is_output;
+    uint8_t *donatable;        /* n_values (mf_graph_desc.donatable); any_donatable: some is set */
+    int any_donatable;
     int32_t *after;            /* n_after pairs */
     int32_t n_after;
     int32_t *epilogue_of;      /* n_epi entries, -1 or the head op; NULL: none set */
@@ -64,6 +66,8 @@ int mf_gbuf_after(mf_gbuf *b, int32_t a, int32_t c);
 /* Op v may run as the epilogue of op u (mf_graph_desc.epilogue_of).  Call
  * after the last op is added; ops are range-checked by mf_graph_check. */
 int mf_gbuf_set_epilogue(mf_gbuf *b, int32_t v, int32_t u);
+/* Value v's storage may be donated (mf_graph_desc.donatable). */
+void mf_gbuf_set_donatable(mf_gbuf *b, int32_t v);
 /* Op `op` is a collective or a wait (mf_graph_desc.comm); as above. */
 int mf_gbuf_set_comm(mf_gbuf *b, int32_t op, uint8_t kind);
 /* The graph as a description (b's arrays, not copies). */

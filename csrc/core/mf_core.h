@@ -19,7 +19,10 @@
  *  - Fused group G: during = live_before + bytes of storages allocated in G
  *    that are read (through any alias) by an op outside G or are graph
  *    outputs.  Storages produced and consumed only inside G are never
- *    materialized.  Frees happen after the whole group.
+ *    materialized.  Frees happen after the whole group.  Less the group's
+ *    reuse credit: a size whose dying buffer (its stored head's, a
+ *    donatable input's) one pointwise result takes counts once
+ *    (mf_credit.c NOTE [reuse credit]).
  *  - peak = max over steps of during (memory before the first step is 0).
  */
 #ifndef MF_CORE_H
@@ -119,6 +122,13 @@ typedef struct mf_graph_desc {
      * waits as late as the graph and a memory bound allow (mf_comm.c NOTE
      * [collective overlap]). */
     const uint8_t *comm;
+    /* n_values; may be NULL (none).  donatable[v]: the storage whose root is
+     * v may be written over by the fused group that reads it last (the
+     * caller's compiler does so, and no one outside the graph holds it:
+     * Inductor's donated buffers).  Read on roots only; a storage also read
+     * through another of its values is never donated (mf_credit.c NOTE
+     * [donated inputs]). */
+    const uint8_t *donatable;
 } mf_graph_desc;
 
 enum { MF_COMM_NONE = 0, MF_COMM_ISSUE = 1, MF_COMM_WAIT = 2 };
@@ -278,7 +288,7 @@ typedef struct mf_remat_result {
     int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *after;
     int64_t *value_bytes;
     int32_t *alias_of, *epilogue_of, *origin, *value_origin;
-    uint8_t *is_input, *is_output, *fusible, *comm;
+    uint8_t *is_input, *is_output, *fusible, *comm, *donatable;
     int32_t n_splits;        /* copies made (one per split; views copied with them not counted) */
     int64_t copied_bytes;    /* bytes the split copies write */
     int64_t peak_bytes, start_peak_bytes;

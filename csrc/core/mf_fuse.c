@@ -56,8 +56,8 @@
  * allocates a storage of h's size that leaves the group, that storage takes
  * h's buffer: the group counts h's bytes once, not twice.  (A checkpointed
  * MLP's backward: the matmul making the GELU's incoming gradient, then the
- * GELU gradient over it.)  head_credit below and the simulator (mf_sim.c) apply
- * the same rule; the fusion-aware moves then bring the GEMM next to its
+ * GELU gradient over it.)  mf_credit.c applies the rule, with donated inputs
+ * (NOTE [reuse credit]), for the DP and the simulator alike; the fusion-aware moves then bring the GEMM next to its
  * pointwise consumer where that lowers the peak.
  * Where two such storages leave the group (a SwiGLU backward: both branches'
  * gradients from the GEMM's result; a checkpointed GELU MLP's backward region
@@ -103,6 +103,7 @@ typedef struct fuse_ws {
                                 dptr[p - a] .. dptr[p - a + 1] for position p in [a, b) */
     int64_t *L;              /* n + 1, by absolute position */
     int64_t *fa;             /* n + 1, by absolute position: fused_allocs(p, p + 1), filled by dp_pass */
+    mf_credit *cr;           /* mf_credit.c NOTE [reuse credit] */
 } fuse_ws;
 
 /* bytes allocated at position p by the fused rule for a group ending at j */
@@ -135,26 +136,16 @@ static int epilogue_pair(const fuse_ws *w, int32_t i)
     return 1;
 }
 
-/* NOTE [stored heads]: the storage a group's first op writes as an extern call,
- * when that op writes exactly one storage, stored (smat), not a graph output;
- * else -1. */
-static int32_t head_storage(const fuse_ws *w, int32_t i)
+/* mf_credit.c NOTE [reuse credit]: the results of position p that leave a group ending at j */
+static void credit_takers(const fuse_ws *w, int32_t p, int32_t j, int32_t hs)
 {
     const mf_pg *pg = w->pg;
-    int32_t u = w->order[i], s;
-    if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
-        return -1;
-    s = pg->oalloc[pg->oalloc_ptr[u]];
-    return pg->smat[s] && !pg->sout[s] && pg->sbytes[s] > 0 ? s : -1;
-}
-
-/* Does the storage s2, allocated at position p, take the dead head storage
- * hs's buffer (NOTE [stored heads])? */
-static int takes_head(const fuse_ws *w, int32_t hs, int32_t s2, int32_t p)
-{
-    const mf_pg *pg = w->pg;
-    return s2 != hs && !pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && p >= w->lastpos[hs] &&
-           pg->pointwise[w->order[p]];
+    int32_t u = w->order[p], q;
+    for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++) {
+        int32_t s = pg->oalloc[q];
+        if ((pg->sout[s] || w->lastpos[s] >= j) && mf_credit_is_taker(pg, w->order, p, s, hs))
+            mf_credit_taker(w->cr, s);
+    }
 }
 
 /* The value of extending a grouping of value base by a group of cost c. */
@@ -175,7 +166,8 @@ static int64_t step(int mode, int64_t cap, int64_t base, int64_t c)
 static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32_t *parent)
 {
     const mf_pg *pg = w->pg;
-    int32_t a = w->a, b = w->b, i, j, q, hs, nsame;
+    mf_credit *cr = w->cr;
+    int32_t a = w->a, b = w->b, i, j, q, hs;
     val[0] = 0;
     for (j = a + 1; j <= b; j++) {
         val[j - a] = INF64;
@@ -205,29 +197,36 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         }
         if (!pg->fusible[w->order[i]] || w->maxlen < 2)
             continue;
+        /* the groups [i, j) for growing j, with the reuse credit met position
+         * by position (mf_credit.c NOTE [reuse credit]; mf_group_credit: the same, whole) */
         A = w->fa[i];
-        hs = head_storage(w, i);
-        nsame = 0;
+        hs = mf_credit_head(pg, w->order[i]);
+        mf_credit_begin(cr);
+        if (hs >= 0 && w->lastpos[hs] <= i)
+            mf_credit_source(cr, hs, 1); /* unread: dead from the start */
+        for (q = w->dptr[i - a]; q < w->dptr[i + 1 - a]; q++) /* donated inputs read last at i */
+            if (w->apos[w->didx[q]] < i && pg->sdon[w->didx[q]])
+                mf_credit_source(cr, w->didx[q], 0);
+        credit_takers(w, i, i + 1, hs); /* i's results, while read after it */
         for (j = i + 2; j <= b && j - i <= w->maxlen; j++) {
-            int32_t p = j - 1;
-            if (!pg->fusible[w->order[p]])
+            int32_t p = j - 1, u = w->order[p];
+            if (!pg->fusible[u])
                 break;
             for (q = w->dptr[p - a]; q < w->dptr[j - a]; q++) {
                 int32_t s = w->didx[q];
-                if (w->apos[s] >= i && !pg->smat[s]) {
-                    A -= pg->sbytes[s];
-                    if (hs >= 0 && w->apos[s] > i && takes_head(w, hs, s, w->apos[s]))
-                        nsame--;
+                if (w->apos[s] >= i) { /* made in the group, read by it alone from here on */
+                    if (!pg->smat[s])
+                        A -= pg->sbytes[s];
+                    mf_credit_drop(cr, s);
+                    if (s == hs)
+                        mf_credit_source(cr, s, 1);
+                } else if (pg->sdon[s]) {
+                    mf_credit_source(cr, s, 0);
                 }
             }
             A += w->fa[p];
-            if (hs >= 0)
-                for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
-                    int32_t s = pg->oalloc[q];
-                    if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p))
-                        nsame++;
-                }
-            c = w->L[i] + A - (hs >= 0 && w->lastpos[hs] < j && nsame == 1 ? pg->sbytes[hs] : 0);
+            credit_takers(w, p, j, hs);
+            c = w->L[i] + A - cr->credit;
             cand = step(mode, cap, base, c);
             if (cand < val[j - a]) {
                 val[j - a] = cand;
@@ -235,23 +234,6 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
             }
         }
     }
-}
-
-/* What a fused group [i, j) saves by NOTE [stored heads]: the head storage's
- * bytes where it dies in the group and an output of the group takes its buffer. */
-static int64_t head_credit(const fuse_ws *w, int32_t i, int32_t j)
-{
-    const mf_pg *pg = w->pg;
-    int32_t hs = head_storage(w, i), p, q, takers = 0;
-    if (hs < 0 || w->lastpos[hs] >= j)
-        return 0;
-    for (p = i + 1; p < j; p++)
-        for (q = pg->oalloc_ptr[w->order[p]]; q < pg->oalloc_ptr[w->order[p] + 1]; q++) {
-            int32_t s = pg->oalloc[q];
-            if ((pg->sout[s] || w->lastpos[s] >= j) && takes_head(w, hs, s, p) && ++takers > 1)
-                return 0; /* two results of the head's size: each gets a buffer of its own */
-        }
-    return takers ? pg->sbytes[hs] : 0;
 }
 
 /* Cost of the group [i, j) under the current positions (the rules above). */
@@ -265,7 +247,7 @@ static int64_t group_cost(const fuse_ws *w, int32_t i, int32_t j)
         return w->L[i] + fused_allocs(w, i + 1, i + 2);
     for (p = i; p < j; p++)
         sum += fused_allocs(w, p, j);
-    return w->L[i] + sum - head_credit(w, i, j);
+    return w->L[i] + sum - mf_group_credit(w->cr, w->order, w->apos, w->lastpos, i, j);
 }
 
 /* Positions, storage positions, the live bytes L at every boundary and the
@@ -293,7 +275,9 @@ static int ws_setup(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *or
     w->didx = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
     w->L = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
     w->fa = (int64_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int64_t));
-    if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L || !w->fa)
+    w->cr = (mf_credit *)mf_arena_array(ctx, a, 1, sizeof(mf_credit));
+    if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L || !w->fa || !w->cr ||
+        mf_credit_init(ctx, a, pg, w->cr))
         return MF_ENOMEM;
     for (i = 0; i < n; i++)
         pos[order[i]] = i;

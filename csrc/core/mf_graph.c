@@ -528,7 +528,7 @@ int mf_pg_build(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, mf_pg *pg)
             pg->epi[k] = -1;
     }
     st = csr_transpose(ctx, a, n, pg->oread_ptr, pg->oread, pg->ns, &pg->sread_ptr, &pg->sread);
-    if (st)
+    if (st || (st = mf_credit_setup(ctx, a, g, root, pg)))
         return st;
     st = mf_build_preds(ctx, a, g, pg->prod, &pg->pred_ptr, &pg->pred);
     if (st)

@@ -86,6 +86,10 @@ typedef struct mf_pg {
     uint8_t *fusible; /* n: 0, or 1 (fusible); MF_FUSIBLE_STORED is folded into smat */
     uint8_t *smat;    /* ns: stored even as an inner value of a group (NOTE [stored inner values]) */
     uint8_t *pointwise; /* n: given as MF_FUSIBLE_POINTWISE (NOTE [stored heads]) */
+    uint8_t *sdon;    /* ns: may be donated to the group reading it last (mf_credit.c NOTE [donated inputs]) */
+    int32_t *scls;    /* ns: size class, equal for equal sbytes (0 .. ncls - 1) */
+    int64_t *cbytes;  /* ncls: the bytes of each class */
+    int32_t ncls;
     int32_t *epi;     /* n: epilogue_of, or -1 (mf_core.h) */
     int64_t outbytes; /* bytes of all output storages */
 } mf_pg;
@@ -171,6 +175,35 @@ void mf_tracker_reset(mf_tracker *t);
  * groups; with allow > 0 the fewest groups whose peak is at most the larger
  * of the least and allow (NOTE [peak allowance]).  group_ptr: n + 1 entries
  * (caller allocated); *n_groups, *peak (the grouping's own). */
+/* ---- reuse credit (mf_credit.c NOTE [reuse credit]) ---- */
+int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32_t *root, mf_pg *pg);
+
+/* One group's sources and takers by size class, met one position at a time;
+ * credit: the bytes the group counts once less.  Stamps start every group
+ * afresh without clearing. */
+typedef struct mf_credit {
+    const mf_pg *pg;
+    int32_t *cstamp, *cn; /* ncls: the class has a source in this group; its takers */
+    int32_t *cnp, *chead; /* ncls: its takers that are not stored; the head is among its sources */
+    int32_t *tstamp;      /* ns: counted as a taker in this group */
+    int32_t stamp;
+    int64_t credit;
+} mf_credit;
+
+int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr);
+void mf_credit_begin(mf_credit *cr);
+void mf_credit_source(mf_credit *cr, int32_t s, int head);
+void mf_credit_taker(mf_credit *cr, int32_t s);
+void mf_credit_drop(mf_credit *cr, int32_t s);
+/* The head storage of op u (NOTE [stored heads], mf_fuse.c), or -1. */
+int32_t mf_credit_head(const mf_pg *pg, int32_t u);
+/* May s, allocated at position p of order, take a source's buffer (hs: the group's head, or -1)? */
+int mf_credit_is_taker(const mf_pg *pg, const int32_t *order, int32_t p, int32_t s, int32_t hs);
+/* The credit of the fused group at positions [i, j) of order; apos / lastpos: each storage's
+ * allocating and last reading position (-1: unread). */
+int64_t mf_group_credit(mf_credit *cr, const int32_t *order, const int32_t *apos, const int32_t *lastpos, int32_t i,
+                        int32_t j);
+
 int mf_fuse_group(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, int fuse, int64_t allow,
                   int32_t *group_ptr, int32_t *n_groups, int64_t *peak);
 /* The kind of each of the n_groups groups of a valid order (mf_core.h NOTE
@@ -260,7 +293,7 @@ typedef struct mf_wgraph {
     int32_t *in_ptr, *in_idx, *out_ptr, *out_idx, *after;
     int64_t *bytes;
     int32_t *alias_of, *epi, *origin, *vorigin;
-    uint8_t *is_input, *is_output, *fusible, *comm, *cheap;
+    uint8_t *is_input, *is_output, *fusible, *comm, *cheap, *don;
     mf_arena arena;
 } mf_wgraph;
 

@@ -794,6 +794,7 @@ void mf_remat_result_desc(const mf_remat_result *r, mf_graph_desc *d)
     d->alias_of = r->alias_of;
     d->is_input = r->is_input;
     d->is_output = r->is_output;
+    d->donatable = r->donatable;
     d->fusible = r->fusible;
     d->n_after = r->n_after;
     d->after = r->after;

@@ -165,12 +165,13 @@ static int b_reserve(mf_ctx *ctx, builder *b, int32_t ops, int32_t vals)
         b->cap_ops = c1;
     }
     if (vals > cv) {
-        int32_t c1 = cv, c2 = cv, c3 = cv, c4 = cv, c5 = cv;
+        int32_t c1 = cv, c2 = cv, c3 = cv, c4 = cv, c5 = cv, c6 = cv;
         if ((st = grow(ctx, a, (void **)&w->bytes, &c1, vals, sizeof(int64_t))) ||
             (st = grow(ctx, a, (void **)&w->alias_of, &c2, vals, sizeof(int32_t))) ||
             (st = grow(ctx, a, (void **)&w->vorigin, &c3, vals, sizeof(int32_t))) ||
             (st = grow(ctx, a, (void **)&w->is_input, &c4, vals, 1)) ||
-            (st = grow(ctx, a, (void **)&w->is_output, &c5, vals, 1)))
+            (st = grow(ctx, a, (void **)&w->is_output, &c5, vals, 1)) ||
+            (st = grow(ctx, a, (void **)&w->don, &c6, vals, 1)))
             return st;
         b->cap_v = c1;
     }
@@ -188,6 +189,7 @@ static int32_t b_value(mf_ctx *ctx, builder *b, const mf_wgraph *src, int32_t li
     w->vorigin[v] = src->vorigin[like];
     w->is_input[v] = 0;
     w->is_output[v] = 0;
+    w->don[v] = src->don[like];
     b->nv++;
     return v;
 }
@@ -351,6 +353,7 @@ int mf_apply_splits(mf_ctx *ctx, const mf_wgraph *src, const mf_roots *R, const 
     memcpy(out->vorigin, src->vorigin, sizeof(int32_t) * (size_t)src->nv);
     memcpy(out->is_input, src->is_input, (size_t)src->nv);
     memcpy(out->is_output, src->is_output, (size_t)src->nv);
+    memcpy(out->don, src->don, (size_t)src->nv);
     b.nv = src->nv;
     for (k = 0; k < src->n; k++) {
         /* copies needed by op k (it reads a split root's alias in split i's segment) */
@@ -439,12 +442,14 @@ int mf_wg_from_desc(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, c
     src.vorigin = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, sizeof(int32_t));
     src.is_input = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, 1);
     src.is_output = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, 1);
+    src.don = mf_arena_array(ctx, &tmp, (size_t)g->n_values + 1, 1);
     src.epi = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, sizeof(int32_t));
     src.origin = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, sizeof(int32_t));
     src.fusible = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, 1);
     src.comm = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, 1);
     src.cheap = mf_arena_array(ctx, &tmp, (size_t)g->n_ops + 1, 1);
-    if (!newid || !src.alias_of || !src.vorigin || !src.is_input || !src.is_output || !src.epi || !src.origin ||
+    if (!newid || !src.alias_of || !src.vorigin || !src.is_input || !src.is_output || !src.don || !src.epi ||
+        !src.origin ||
         !src.fusible || !src.comm || !src.cheap) {
         st = MF_ENOMEM;
         goto done;
@@ -454,6 +459,7 @@ int mf_wg_from_desc(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, c
         src.vorigin[v] = v;
         src.is_input[v] = g->is_input ? g->is_input[v] : 0;
         src.is_output[v] = g->is_output ? g->is_output[v] : 0;
+        src.don[v] = g->donatable ? g->donatable[v] : 0;
     }
     for (k = 0; k < g->n_ops; k++) {
         src.epi[k] = g->epilogue_of ? g->epilogue_of[k] : -1;
@@ -469,6 +475,7 @@ int mf_wg_from_desc(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, c
     memcpy(w->vorigin, src.vorigin, sizeof(int32_t) * (size_t)g->n_values);
     memcpy(w->is_input, src.is_input, (size_t)g->n_values);
     memcpy(w->is_output, src.is_output, (size_t)g->n_values);
+    memcpy(w->don, src.don, (size_t)g->n_values);
     b.nv = g->n_values;
     for (i = 0; i < g->n_ops; i++) {
         newid[order[i]] = i;
@@ -513,6 +520,7 @@ void mf_wg_result(const mf_wgraph *w, mf_remat_result *r)
     r->alias_of = w->alias_of;
     r->is_input = w->is_input;
     r->is_output = w->is_output;
+    r->donatable = w->don;
     r->fusible = w->fusible;
     r->comm = w->comm;
     r->epilogue_of = w->epi;

@@ -12,53 +12,14 @@
  *    an unfused step (counts every storage it allocates); a larger group
  *    counts the storages it allocates that are graph outputs or are read by
  *    some op outside the group, or are stored inner values (mf_fuse.c NOTE
- *    [stored inner values]) unless the group is an epilogue pair.
+ *    [stored inner values]) unless the group is an epilogue pair, less its
+ *    reuse credit (mf_credit.c NOTE [reuse credit]).
  *  - mf_tracker: op-at-a-time live bytes for valid orders, with undo, used by
  *    the scheduler to score candidates without allocating.
  */
 #include "mf_internal.h"
 
 #include <string.h>
-
-/* Is storage s read in a group after g? */
-static int read_after(const mf_pg *pg, const int32_t *grp, int32_t s, int32_t g)
-{
-    int32_t q;
-    for (q = pg->sread_ptr[s]; q < pg->sread_ptr[s + 1]; q++)
-        if (grp[pg->sread[q]] > g)
-            return 1;
-    return 0;
-}
-
-/* NOTE [stored heads] (mf_fuse.c), for the group g at positions [lo, hi) of
- * order: the head storage's bytes where an output of the group takes its
- * buffer, else 0. */
-static int64_t head_credit(const mf_pg *pg, const int32_t *order, const int32_t *grp, int32_t lo, int32_t hi,
-                           int32_t g)
-{
-    int32_t u = order[lo], hs, q, p, lp = lo, takers = 0;
-    if (pg->oalloc_ptr[u + 1] - pg->oalloc_ptr[u] != 1)
-        return 0;
-    hs = pg->oalloc[pg->oalloc_ptr[u]];
-    if (!pg->smat[hs] || pg->sout[hs] || pg->sbytes[hs] <= 0 || read_after(pg, grp, hs, g))
-        return 0;
-    for (p = lo + 1; p < hi; p++)
-        for (q = pg->sread_ptr[hs]; q < pg->sread_ptr[hs + 1]; q++)
-            if (pg->sread[q] == order[p])
-                lp = p;
-    for (p = lp > lo + 1 ? lp : lo + 1; p < hi; p++) {
-        int32_t v = order[p];
-        if (!pg->pointwise[v])
-            continue;
-        for (q = pg->oalloc_ptr[v]; q < pg->oalloc_ptr[v + 1]; q++) {
-            int32_t s2 = pg->oalloc[q];
-            if (!pg->smat[s2] && pg->sbytes[s2] == pg->sbytes[hs] && (pg->sout[s2] || read_after(pg, grp, s2, g)) &&
-                ++takers > 1)
-                return 0; /* two results of the head's size: no credit */
-        }
-    }
-    return takers ? pg->sbytes[hs] : 0;
-}
 
 int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
                    const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
@@ -67,7 +28,9 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     int32_t n = pg->n, i, k, s, j;
     int32_t *grp, *gsize;
     uint8_t *pair;
+    int32_t *pos, *apos, *lastpos;
     int64_t *diff, *cnt, peak = 0, live = 0;
+    mf_credit cr;
 
     if (!group_ptr)
         n_groups = n;
@@ -89,7 +52,10 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
     cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
     pair = (uint8_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, 1);
-    if (!grp || !gsize || !diff || !cnt || !pair)
+    pos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    apos = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
+    lastpos = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
+    if (!grp || !gsize || !diff || !cnt || !pair || !pos || !apos || !lastpos || mf_credit_init(ctx, a, pg, &cr))
         return MF_ENOMEM;
     for (k = 0; k < n; k++)
         grp[k] = -1;
@@ -123,9 +89,19 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
         diff[ag] += b;
         diff[fx] -= b;
     }
-    for (i = 0; i < n_groups; i++) /* NOTE [stored heads] (mf_fuse.c) */
+    /* mf_credit.c NOTE [reuse credit], by positions in order */
+    for (j = 0; j < n; j++)
+        pos[order[j]] = j;
+    for (s = 0; s < pg->ns; s++) {
+        apos[s] = pos[pg->salloc[s]];
+        lastpos[s] = -1;
+        for (j = pg->sread_ptr[s]; j < pg->sread_ptr[s + 1]; j++)
+            if (pos[pg->sread[j]] > lastpos[s])
+                lastpos[s] = pos[pg->sread[j]];
+    }
+    for (i = 0; i < n_groups; i++)
         if (gsize[i] > 1 && !pair[i])
-            cnt[i] -= head_credit(pg, order, grp, group_ptr[i], group_ptr[i + 1], i);
+            cnt[i] -= mf_group_credit(&cr, order, apos, lastpos, group_ptr[i], group_ptr[i + 1]);
     for (i = 0; i < n_groups; i++) {
         int64_t during = live + cnt[i];
         live += diff[i];

@@ -38,9 +38,9 @@ static PyObject *to_dict(const mf_gbuf *g)
 {
     PyObject *ops = PyList_New(g->n_ops), *vb = PyList_New(g->n_values), *gi = PyList_New(0), *go = PyList_New(0),
              *al = PyList_New(0), *fu = PyList_New(g->n_ops), *af = PyList_New(g->n_after), *cm = PyList_New(0),
-             *ep = PyList_New(0), *d = NULL;
+             *ep = PyList_New(0), *dn = PyList_New(0), *d = NULL;
     int32_t i, k;
-    if (!ops || !vb || !gi || !go || !al || !fu || !af || !cm || !ep)
+    if (!ops || !vb || !gi || !go || !al || !fu || !af || !cm || !ep || !dn)
         goto done;
     for (i = 0; i < g->n_ops; i++) {
         PyObject *ins = PyList_New(g->in_ptr[i + 1] - g->in_ptr[i]), *outs, *t;
@@ -87,6 +87,8 @@ static PyObject *to_dict(const mf_gbuf *g)
             goto done;
         if (g->is_output[i] && ((x = PyLong_FromLong(i)) == NULL || PyList_Append(go, x) < 0 || (Py_DECREF(x), 0)))
             goto done;
+        if (g->donatable[i] && ((x = PyLong_FromLong(i)) == NULL || PyList_Append(dn, x) < 0 || (Py_DECREF(x), 0)))
+            goto done;
         if (g->alias_of[i] >= 0) {
             if (!(x = Py_BuildValue("(ii)", (int)i, (int)g->alias_of[i])) || PyList_Append(al, x) < 0) {
                 Py_XDECREF(x);
@@ -103,8 +105,9 @@ static PyObject *to_dict(const mf_gbuf *g)
     }
     if (PyErr_Occurred())
         goto done;
-    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs", gi,
-                      "graph_outputs", go, "aliases", al, "fusible", fu, "after", af, "comm", cm, "epilogues", ep);
+    d = Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "ops", ops, "value_bytes", vb, "graph_inputs",
+                      gi, "graph_outputs", go, "aliases", al, "fusible", fu, "after", af, "comm", cm, "epilogues", ep,
+                      "donatable", dn);
 done:
     Py_XDECREF(ops);
     Py_XDECREF(vb);
@@ -115,5 +118,6 @@ done:
     Py_XDECREF(af);
     Py_XDECREF(cm);
     Py_XDECREF(ep);
+    Py_XDECREF(dn);
     return d;
 }

@@ -192,6 +192,13 @@ static int sink_flag(mf_gbuf *b, int32_t v, void *arg)
     return 0;
 }
 
+static int sink_donatable(mf_gbuf *b, int32_t v, void *arg)
+{
+    (void)arg;
+    mf_gbuf_set_donatable(b, v);
+    return 0;
+}
+
 /* A sequence of int pairs; each pair goes to sink2. */
 typedef int (*pair_sink)(mf_gbuf *b, int32_t x, int32_t y, const char *what);
 
@@ -297,7 +304,7 @@ static int sink_after(mf_gbuf *b, int32_t x, int32_t y, const char *what)
 /* Build the graph from plan()/simulate() arguments.  0 or -1 (exception). */
 static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObject *graph_inputs,
                        PyObject *graph_outputs, PyObject *aliases, PyObject *fusible, PyObject *after,
-                       PyObject *epilogues)
+                       PyObject *epilogues, PyObject *donatable)
 {
     PyObject *ops_seq = NULL, *vb_seq = NULL, *fu_seq = NULL;
     Py_ssize_t n_ops, n_values, i;
@@ -336,6 +343,8 @@ static int build_graph(mf_gbuf *b, PyObject *ops, PyObject *value_bytes, PyObjec
     if (each_id(graph_outputs, (int32_t)n_values, "graph_outputs", b, sink_flag, b->is_output) < 0)
         goto done;
     if (each_pair(aliases, (int32_t)n_values, "aliases", b, sink_alias) < 0)
+        goto done;
+    if (donatable && each_id(donatable, (int32_t)n_values, "donatable", b, sink_donatable, NULL) < 0)
         goto done;
 
     if (!(ops_seq = as_seq(ops, "ops")))
@@ -553,11 +562,12 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"ops",  "value_bytes", "graph_inputs", "graph_outputs", "aliases",
                              "fusible", "after",    "max_states",   "fuse",          "epilogues",
                              "fusion_moves", "_dp_max_ops", "_dp_max_bytes", "comm", "comm_overlap", "recompute",
-                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", "_max_work", "peak_target", NULL};
+                             "cheap", "_recompute_passes", "_hoists", "peak_allowance", "_max_work", "peak_target",
+                             "donatable", NULL};
     PyObject *ops, *vb, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None, *af = NULL, *ms = Py_None;
     PyObject *ch = Py_None;
     PyObject *dp_ops_o = NULL, *dp_bytes_o = NULL, *budget_o = NULL, *passes_o = NULL, *allowance_o = NULL;
-    PyObject *work_o = NULL, *target_o = NULL;
+    PyObject *work_o = NULL, *target_o = NULL, *don = NULL;
     long long budget = 0, n = 0, max_work = 0, target = 0;
     uint8_t *cheap = NULL;
     PyObject *ep = NULL, *cm = NULL;
@@ -568,10 +578,10 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
     mf_gbuf b;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpOOO:plan", kwlist, &ops, &vb, &gi, &go, &al, &fu,
-                                     &af, &ms, &fuse, &ep, &fusion_moves, &dp_ops_o, &dp_bytes_o, &cm,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOOpOpOOOpOOOpOOOO:plan", kwlist, &ops, &vb, &gi, &go, &al,
+                                     &fu, &af, &ms, &fuse, &ep, &fusion_moves, &dp_ops_o, &dp_bytes_o, &cm,
                                      &comm_overlap, &budget_o, &ch, &passes_o, &hoists, &allowance_o, &work_o,
-                                     &target_o))
+                                     &target_o, &don))
         return NULL;
     if (mf_py_count_arg(allowance_o, "peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
         mf_py_count_arg(budget_o, "recompute", "a budget in bytes", LLONG_MAX, &budget) < 0 ||
@@ -592,7 +602,7 @@ static PyObject *py_plan(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     mf_py_gbuf_init(&b);
     if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, af ? af : empty,
-                    ep) == 0 &&
+                    ep, don) == 0 &&
         (!cm || each_pair(cm, INT32_MAX, "comm", &b, sink_comm) == 0)) {
         if (budget > 0 && ch != Py_None) {
             PyObject *cs = mf_py_tuple(ch, "cheap");
@@ -720,9 +730,9 @@ done:
 static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ops",     "value_bytes", "order", "groups", "graph_inputs",
-                             "graph_outputs", "aliases", "fusible", "epilogues", NULL};
+                             "graph_outputs", "aliases", "fusible", "epilogues", "donatable", NULL};
     PyObject *ops, *vb, *order_o, *groups_o = Py_None, *gi = NULL, *go = NULL, *al = NULL, *fu = Py_None;
-    PyObject *ep = NULL;
+    PyObject *ep = NULL, *don = NULL;
     PyObject *empty = NULL, *out = NULL;
     int32_t *order = NULL, *gptr = NULL;
     int64_t *steps = NULL, *live = NULL, peak = 0;
@@ -733,14 +743,14 @@ static PyObject *py_simulate(PyObject *self, PyObject *args, PyObject *kw)
     int st;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOOOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
-                                     &go, &al, &fu, &ep))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O$OOOOOO:simulate", kwlist, &ops, &vb, &order_o, &groups_o, &gi,
+                                     &go, &al, &fu, &ep, &don))
         return NULL;
     if (!(empty = PyTuple_New(0)))
         return NULL;
     mf_py_gbuf_init(&b);
     mf_py_ctx_init(&ctx);
-    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, empty, ep) < 0)
+    if (build_graph(&b, ops, vb, gi ? gi : empty, go ? go : empty, al ? al : empty, fu, empty, ep, don) < 0)
         goto done;
     mf_gbuf_desc(&b, &desc);
     if ((st = mf_graph_check(&ctx, &desc)) != MF_OK) {
@@ -796,7 +806,7 @@ static PyMethodDef plan_methods[] = {
      "plan($module, /, ops, value_bytes, *, graph_inputs=(), graph_outputs=(), aliases=(), fusible=None, "
      "after=(), max_states=None, fuse=True, epilogues=(), fusion_moves=True, _dp_max_ops=0, _dp_max_bytes=0, comm=(), "
      "comm_overlap=True, recompute=0, cheap=None, _recompute_passes=0, _hoists=True, peak_allowance=0, _max_work=0, "
-     "peak_target=0)\n--\n\n"
+     "peak_target=0, donatable=())\n--\n\n"
      "Plan the order and fusion groups with the least peak bytes; returns a dict (thunder_memfuse.plan wraps "
      "it in a Plan): kinds[k] is group k's kind, \"single\", \"region\" or \"epilogue\".\n"
      "peak_allowance: a fused peak up to this many bytes costs nothing, so the fewest groups within it are "
@@ -808,14 +818,16 @@ static PyMethodDef plan_methods[] = {
      "_max_work: the planning pipeline's work budget (NOTE [work budget]; 0: the default).  The result's \"pipeline\" says which "
      "start won, the recomputation passes kept, the planner calls and the work spent.\n"
      "peak_target: 0, or bytes: the plan with the fewest copied bytes whose fused peak is at most this, else the "
-     "lowest (NOTE [peak target]); the pipeline's \"fits\" says which."},
+     "lowest (NOTE [peak target]); the pipeline's \"fits\" says which.\n"
+     "donatable: value ids whose storage a fused group reading it last may write a result over (NOTE [donated "
+     "inputs], csrc/core/mf_credit.c)."},
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate($module, /, ops, value_bytes, order, groups=None, *, graph_inputs=(), graph_outputs=(), "
-     "aliases=(), fusible=None, epilogues=())\n--\n\n"
+     "aliases=(), fusible=None, epilogues=(), donatable=())\n--\n\n"
      "Score a schedule with the core's cost model; returns (peak, step_bytes, live_after).\n"
      "fusible: as plan()'s; only its stored level (2) matters here (NOTE [stored inner values]).\n"
      "epilogues: as plan()'s; a two-op group (u, v) with v the epilogue of u is an epilogue pair, so a "
-     "plan's groups and epilogues give plan()'s peak.\n"
+     "plan's groups and epilogues give plan()'s peak; so do its donatable values (as plan()'s).\n"
      "order must be a permutation of the ops that keeps every dependency; groups (optional) must be non-empty "
      "consecutive runs of order.  Otherwise ValueError names the problem."},
     {"_validate_max_states", (PyCFunction)py_validate_max_states, METH_O,

@@ -34,6 +34,8 @@ static int fill_gbuf(const mf_remat_result *r, mf_gbuf *out)
     for (v = 0; v < r->n_values; v++) {
         out->alias_of[v] = r->alias_of[v];
         out->is_output[v] = r->is_output[v];
+        if (r->donatable && r->donatable[v])
+            mf_gbuf_set_donatable(out, v);
     }
     for (k = 0; k < r->n_ops; k++) {
         if (mf_gbuf_begin_op(out, r->fusible[k]) < 0)

@@ -4,7 +4,7 @@
  *
  * plan_trace(bsyms, records, *, tensor_type, max_states=None, fuse=True,
  *            freeable=None, comm_overlap=True, recompute=0, peak_allowance=0,
- *            peak_target=0)
+ *            peak_target=0, donatable=None)
  *
  * records[i] describes bsyms[i] (thunder_memfuse/integration/_records.py collects them in
  * one pass; this file knows no Thunder symbol and calls nothing back):
@@ -46,6 +46,10 @@
  * result.  With storage information (NOTE [saved storages]), saved tensors
  * that share a storage in the forward (a tensor and its views) are one
  * storage here too.
+ *
+ * donatable: None, or the names of the proxies whose storage a fused group
+ * reading it last may write over (csrc/core/mf_credit.c NOTE [donated
+ * inputs]; the Python layer decides which: _planning.donatable_names).
  *
  * An op returning one of its own arguments (an in-place op's result)
  * introduces no new value; any other name produced twice is an error.
@@ -370,6 +374,26 @@ static int add_outputs(walk_t *w, PyObject *epilogue)
     return 0;
 }
 
+/* The values named in `donatable` (None: none) may be donated. */
+static int mark_donatable(walk_t *w, PyObject *donatable)
+{
+    PyObject *it, *name;
+    if (donatable == Py_None)
+        return 0;
+    if (!(it = PyObject_GetIter(donatable)))
+        return -1;
+    while ((name = PyIter_Next(it))) {
+        PyObject *idobj = PyDict_GetItemWithError(w->ids, name); /* borrowed */
+        Py_DECREF(name);
+        if (idobj)
+            mf_gbuf_set_donatable(&w->B.g, (int32_t)PyLong_AsLong(idobj));
+        else if (PyErr_Occurred())
+            break;
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* The plan's kinds, one per group of `groups` (mf_core.h NOTE [group kinds]); the
  * saved-tensor op's group has no bound symbol, so it and its kind are dropped. */
 static PyObject *kinds_of_groups(PyObject *plan, PyObject *groups)
@@ -396,8 +420,9 @@ static PyObject *kinds_of_groups(PyObject *plan, PyObject *groups)
 static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
 {
     static char *kwlist[] = {"bsyms",    "records", "tensor_type",  "max_states", "fuse",
-                             "freeable", "comm_overlap", "recompute", "peak_allowance", "peak_target", NULL};
-    PyObject *bsyms, *records, *tensor_type = NULL, *ms = Py_None, *freeable = Py_None;
+                             "freeable", "comm_overlap", "recompute", "peak_allowance", "peak_target",
+                             "donatable", NULL};
+    PyObject *bsyms, *records, *tensor_type = NULL, *ms = Py_None, *freeable = Py_None, *donatable = Py_None;
     PyObject *seq = NULL, *rseq = NULL, *ops_list = NULL, *prologue = NULL, *epilogue = NULL, *storages = NULL;
     PyObject *plan = NULL, *groups = NULL, *kinds = NULL, *graph = NULL, *out = NULL;
     int fuse = 1, comm_overlap = 1, have_used = 0, st;
@@ -417,8 +442,9 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     mf_py_ctx_init(&pc);
     mf_builder_init(&w.B, &pc);
     mf_gbuf_init(&used, &pc);
-    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpOOO:plan_trace", kwlist, &bsyms, &records, &tensor_type,
-                                     &ms, &fuse, &freeable, &comm_overlap, &recompute_o, &allowance_o, &target_o))
+    if (!PyArg_ParseTupleAndKeywords(pargs, kw, "OO|$OOpOpOOOO:plan_trace", kwlist, &bsyms, &records, &tensor_type,
+                                     &ms, &fuse, &freeable, &comm_overlap, &recompute_o, &allowance_o, &target_o,
+                                     &donatable))
         goto done;
     if (mf_py_count_arg(allowance_o, "plan_trace: peak_allowance", "a number of bytes", LLONG_MAX, &allowance) < 0 ||
         mf_py_count_arg(recompute_o, "plan_trace: recompute", "a budget in bytes", LLONG_MAX, &recompute) < 0 ||
@@ -486,7 +512,7 @@ static PyObject *py_plan_trace(PyObject *self, PyObject *pargs, PyObject *kw)
     }
     if (w.B.saved_op && PyList_GET_SIZE(ops_list) == 0 && PyList_Append(ops_list, Py_None) < 0)
         goto done;
-    if (add_outputs(&w, epilogue) < 0)
+    if (add_outputs(&w, epilogue) < 0 || mark_donatable(&w, donatable) < 0)
         goto done;
     if ((st = mf_build_finish(&w.B, fuse, &d, &cheap)) != MF_OK) {
         mf_py_raise(&w.B.g.ctx, st);
@@ -552,7 +578,7 @@ done:
 static PyMethodDef trace_methods[] = {
     {"plan_trace", (PyCFunction)(void (*)(void))py_plan_trace, METH_VARARGS | METH_KEYWORDS,
      "plan_trace($module, /, bsyms, records, *, tensor_type, max_states=None, fuse=True, freeable=None, "
-     "comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0)\n--\n\n"
+     "comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0, donatable=None)\n--\n\n"
      "Read a Thunder trace's bound symbols with one record each, plan them and regroup them; returns a "
      "dict.  max_states, peak_allowance and peak_target as in plan()."},
     {NULL, NULL, 0, NULL},

@@ -45,7 +45,7 @@ def collector_paused():
 
 
 def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None, epilogue_role=None,
-               comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0):
+               comm_overlap=True, recompute=0, peak_allowance=0, peak_target=0, donate=False, donatable_saved=None):
     """Run the C trace reader and planner on a list of bound symbols.
 
     fusible(bsym): the region compiler's fusible level (default: the nvrtc
@@ -65,8 +65,9 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
     nothing, so the fewest regions within it are formed (csrc/core/mf_fuse.c NOTE
     [peak allowance]; _step.py NOTE [the step's peak]).  peak_target: 0, or the
     bytes of MemFuse(memory_budget=...) (csrc/core/mf_pipeline.c NOTE [peak
-    target]).  The records are
-    _records.py's (NOTE [op records])."""
+    target]).  donate: the regions' compiler writes results over inputs that die with them
+    (_regroup.py NOTE [donated inputs]), so the plan counts that (donatable_names; donatable_saved as
+    regroup_trace takes it).  The records are _records.py's (NOTE [op records])."""
     from ._records import records
 
     if epilogue_role is None:
@@ -76,6 +77,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
         start = time.perf_counter()
         recs = records(bsyms, fusible=fusible or _fusible_predicate(), epilogue_role=epilogue_role,
                        recompute=bool(recompute))
+        donatable = donatable_names(bsyms, freeable, donatable_saved) if donate and fuse else None
         records_ms = 1e3 * (time.perf_counter() - start)
         res = _C.plan_trace(
             bsyms,
@@ -89,6 +91,7 @@ def plan_trace(bsyms, *, max_states=None, fuse=True, fusible=None, freeable=None
             recompute=int(recompute),
             peak_allowance=int(peak_allowance),
             peak_target=int(peak_target),
+            donatable=donatable,
         )
         res["stage_ms"]["reading"] += records_ms  # the op records are the reading's Python half
         return res
@@ -216,6 +219,57 @@ _MAY_RETURN_ARG = frozenset(f for n in ("contiguous", "to", "type_as", "stride_o
                             for f in (n, f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl"))
 
 
+def donation_keys(trace, donatable_saved):
+    """key(proxy) -> (storage key, how) for _regroup.py NOTE [donated inputs]: the storage a tensor's
+    donation_root names, and how a region may write over it: "made" (by this trace), "saved" (a
+    saved activation in donatable_saved) or None (an input of the trace: never)."""
+    root = donation_root(trace)
+
+    def key(p):
+        r, is_input = root(p)
+        if not is_input:
+            return ("made", r.name), "made"
+        if r.name in donatable_saved:
+            return ("saved", donatable_saved[r.name]), "saved"
+        return ("input", r.name), None
+
+    return key
+
+
+def donatable_names(bsyms, freeable, donatable_saved) -> frozenset:
+    """The proxies plan_trace marks donatable (csrc/core/mf_credit.c NOTE [donated inputs]): the
+    memory model's storage roots that regroup_trace may donate to the region reading them last.  A
+    storage the donation keys join to another (a `contiguous` that may return its argument, two
+    saved tensors of one forward storage) is none of them: the model counts two storages where a
+    region may write over neither while the other is read."""
+    import types
+
+    tr = types.SimpleNamespace(bound_symbols=list(bsyms))
+    dkey = donation_keys(tr, donatable_saved or {})
+    model_root = _root_of(tr)
+    fr = freeable if isinstance(freeable, dict) else {}
+    members, root_name = {}, {}  # donation key -> the model's storages in it; storage -> its root's name
+    for b in tr.bound_symbols:
+        for p in b.flat_proxy_outs:
+            if not isinstance(p, TensorProxy):
+                continue
+            k, how = dkey(p)
+            if how is None:
+                continue
+            r, is_input = model_root(p)
+            if not is_input:
+                sk, name = ("made", r.name), r.name
+            elif r.name in fr:  # trace.c NOTE [saved storages]: the root is the value named by its key
+                sk = ("saved", fr[r.name][0])
+                name = r.name if fr[r.name][0] == r.name else None
+            else:
+                continue
+            members.setdefault(k, set()).add(sk)
+            root_name[sk] = name
+    return frozenset(root_name[sk] for ks in members.values() if len(ks) == 1 for sk in ks
+                     if root_name[sk] is not None)
+
+
 def donation_root(trace):
     """root(proxy) -> (root proxy, is an input): _root_of's view chains (_aliases NOTE [storage
     identity]), and through the conversions that may return their argument (_MAY_RETURN_ARG): the
@@ -262,4 +316,4 @@ def backward_freeable(saved: dict | None, backward_trace) -> dict | None:
     return out
 
 
-__all__ = ["plan_trace", "saved_storages", "donatable_saved", "donation_root", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]
+__all__ = ["plan_trace", "saved_storages", "donatable_saved", "donation_root", "donation_keys", "donatable_names", "held_output_bytes", "incoming_gradients", "backward_freeable", "collector_paused"]

@@ -79,17 +79,9 @@ def _donations(stripped, steps, donatable_saved) -> dict:
     another name still reads)."""
     from thunder.core.proxies import TensorProxy
 
-    from ._planning import donation_root
+    from ._planning import donation_keys
 
-    root = donation_root(stripped)
-
-    def storage(p):
-        r, is_input = root(p)
-        if not is_input:
-            return ("made", r.name), "made"
-        if r.name in donatable_saved:
-            return ("saved", donatable_saved[r.name]), "saved"
-        return ("input", r.name), None
+    storage = donation_keys(stripped, donatable_saved)
 
     last = {}
     for k, (group, kind, inputs, _) in enumerate(steps):

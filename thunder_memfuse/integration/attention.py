@@ -161,13 +161,22 @@ def _note(reason, call=None) -> None:
                 "matmul: a tokens x tokens tensor per head): %s", reason)
 
 
+def note_written_out(cd, n: int) -> None:
+    """Count n attention chains written out by hand that now run as one call (attention_match.py NOTE
+    [attention written out]) on compile data `cd`."""
+    if cd is not None and n:
+        cd._memfuse_attention_written_out = getattr(cd, "_memfuse_attention_written_out", 0) + n
+
+
 def attention_summary(cd) -> dict | None:
-    """{"fused": attention calls that took the fused kernels, "decomposed": sorted reasons some did not} for compile
-    data `cd`; None where no attention on CPU tensors was seen."""
+    """{"fused": attention calls that took the fused kernels, "decomposed": sorted reasons some did not,
+    "written_out": of the calls, those memfuse found written out by hand} for compile data `cd`; None where
+    no attention on CPU tensors was seen."""
     seen = getattr(cd, "_memfuse_attention", None)
     if seen is None:
         return None
-    return {"fused": len(seen["fused"]), "decomposed": sorted(seen["decomposed"])}
+    return {"fused": len(seen["fused"]), "decomposed": sorted(seen["decomposed"]),
+            "written_out": getattr(cd, "_memfuse_attention_written_out", 0)}
 
 
 def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:

@@ -22,7 +22,7 @@ from thunder.core.trace import TraceProvenance, TraceTag
 from thunder.core.transform_common import Transform
 
 from .. import _C, _options, _symbols, regions
-from . import _misuse, _planning, _recompute, _step, attention
+from . import _misuse, _planning, _recompute, _step, attention, attention_match
 from .._options import LOG
 from ..errors import MemFuseError, warn as _warn
 from ._regroup import _planned_groups, _with_comments, regroup_trace
@@ -207,6 +207,13 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             if self.strict:
                 raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
             _warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}")
+        try:  # attention_match.py NOTE [attention written out]
+            computation_trace, n = attention_match.match_attention(computation_trace)
+            attention.note_written_out(get_compile_data(), n)
+        except Exception as e:  # the chains stay as the user wrote them
+            if self.strict:
+                raise MemFuseError(f"memfuse could not match attention written out: {e}") from e
+            _warn(f"memfuse left attention written out as it is: {type(e).__name__}: {e}")
         return prologue_trace, computation_trace, epilogue_trace
 
     @_instance_only
@@ -296,7 +303,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         start = time.perf_counter_ns()
         bsyms = list(trace.bound_symbols)
         res, compiler, fuse = self._planned(bsyms, freeable=freeable, peak_allowance=peak_allowance,
-                                            recompute=recompute, held=held)
+                                            recompute=recompute, held=held, donatable_saved=donatable_saved)
         comp = regions.compiler(compiler)
         # no regions by design (fuse=False, or regions.reorder_only), not for want of a compiler
         reorder_only = not fuse and (self.fuse is False or regions.reorder_only(
@@ -360,9 +367,11 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         }
         return new_trace
 
-    def _planned(self, bsyms, *, freeable, peak_allowance=0, recompute=None, held=0):
+    def _planned(self, bsyms, *, freeable, peak_allowance=0, recompute=None, held=0, donatable_saved=None):
         """(_planning.plan_trace's result for bsyms under this instance's options, the region
-        compiler's name, whether regions are formed)."""
+        compiler's name, whether regions are formed).  donatable_saved: as regroup_trace takes it;
+        where the compiler compiles regions, the plan counts their donated inputs (_regroup.py
+        NOTE [donated inputs])."""
         compiler = self._compiler_for(bsyms)
         comp = regions.compiler(compiler)
         fuse = self._fuses(bsyms, compiler)
@@ -372,7 +381,8 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
                                    epilogue_role=comp.epilogue_role,
                                    comm_overlap=self.comm_overlap,
                                    recompute=_recompute.budget_bytes(bsyms, recompute),
-                                   peak_allowance=peak_allowance, peak_target=self._peak_target(held))
+                                   peak_allowance=peak_allowance, peak_target=self._peak_target(held),
+                                   donate=comp.compiles_regions, donatable_saved=donatable_saved)
         return res, compiler, fuse
 
     def _step_fits(self, joint):
@@ -387,7 +397,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         held = _planning.held_output_bytes(fw, saved)
         f = self._planned(list(fw.bound_symbols), freeable=None)[0]["plan"]["peak_bytes"]
         b = self._planned(list(bw.bound_symbols), freeable=_planning.backward_freeable(saved, bw),
-                          held=held)[0]["plan"]["peak_bytes"]
+                          held=held, donatable_saved=_donatable(fw, saved))[0]["plan"]["peak_bytes"]
         peak = max(f, b + held)
         return peak <= self.memory_budget, peak, saved
 

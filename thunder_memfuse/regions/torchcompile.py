@@ -227,14 +227,25 @@ def is_pointwise(bsym) -> bool:
     from thunder.core.proxies import TensorProxy
     from thunder.core.symbol import gather_tags
 
+    from .._symbols import _base_name
+
     if is_extern(bsym) or bsym.sym.name in _ROWWISE_NAMES:
         return False
     tags = gather_tags(bsym)
-    if OpTags.REDUCTION_OP in tags or OpTags.SHAPE_OP in tags:
-        return False
+    if _base_name(bsym.sym.name) not in _ROWWISE_BACKWARD_NAMES and (OpTags.REDUCTION_OP in tags
+                                                                      or OpTags.SHAPE_OP in tags):
+        return False  # (their decompositions broadcast a row's sum: not a view of their result)
     outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
     reads = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
     return len(outs) == 1 and bool(reads) and all(tuple(p.shape) == tuple(outs[0].shape) for p in reads)
+
+
+# The gradients of a softmax and a log-softmax: a reduction over each row of their reads, then a
+# last pass that writes each element from the same element of its reads (all of its shape), which is
+# Inductor's loop that may write over a dying read (is_pointwise: the cross-entropy's gradient over
+# the saved log-softmax, csrc/core/mf_credit.c NOTE [donated inputs]).
+_ROWWISE_BACKWARD_NAMES = frozenset({"_softmax_backward_data", "_log_softmax_backward_data", "softmax_backward",
+                                     "log_softmax_backward"})
 
 
 @functools.lru_cache(maxsize=1)

@@ -65,11 +65,12 @@ def _schedules(info):
     n = len(g["ops"])
     # stored inner values and epilogue pairs count as the planner counted them
     kw = dict(graph_inputs=g["graph_inputs"], graph_outputs=g["graph_outputs"], aliases=g["aliases"],
-              fusible=g.get("fusible"), epilogues=g.get("epilogues", ()))
+              fusible=g.get("fusible"), epilogues=g.get("epilogues", ()), donatable=g.get("donatable", ()))
     g0 = g.get("before_recompute")  # with recomputed copies: Thunder's order is that of the graph without them
     if g0 is not None:
         kw0 = dict(graph_inputs=g0["graph_inputs"], graph_outputs=g0["graph_outputs"], aliases=g0["aliases"],
-                   fusible=g0.get("fusible"), epilogues=g0.get("epilogues", ()))
+                   fusible=g0.get("fusible"), epilogues=g0.get("epilogues", ()),
+                   donatable=g0.get("donatable", ()))
         before = _plan.simulate(g0["ops"], g0["value_bytes"], list(range(len(g0["ops"]))), **kw0)
     else:
         before = _plan.simulate(g["ops"], g["value_bytes"], list(range(n)), **kw)

@@ -1,0 +1,154 @@
+"""Attention written out by hand (thunder_memfuse/integration/attention_match.py NOTE [attention written
+out]): with memfuse, a matmul-softmax-matmul chain that is exactly attention runs as one
+scaled_dot_product_attention call on the fused CPU kernels, with the chain's numbers within float
+tolerance and no tokens x tokens tensor saved; every chain that is not exactly that stays as written."""
+import copy
+import math
+
+import pytest
+import torch
+import thunder
+
+from thunder_memfuse import MemFuse
+from thunder_memfuse.integration import attention
+from thunder_memfuse.regions import torchcompile as tc
+
+B, H, T, E = 2, 4, 40, 16
+
+
+class Written(torch.nn.Module):
+    """BERT's self-attention as transformers writes it out, with variants."""
+
+    def __init__(self, *, scaling="divide", mask=None, mask_first=False, dropout=0.0, permute_k=False,
+                 return_probs=False, scale_after_mask=False, ckpt=False):
+        super().__init__()
+        self.qkv = torch.nn.Linear(E, 3 * H * E)
+        self.register_buffer("causal", torch.tril(torch.ones(T + 8, T + 8)).view(1, 1, T + 8, T + 8))
+        self.scaling, self.mask, self.mask_first, self.dropout = scaling, mask, mask_first, dropout
+        self.permute_k, self.return_probs, self.scale_after_mask, self.ckpt = permute_k, return_probs, \
+            scale_after_mask, ckpt
+
+    def attend(self, q, k, v):
+        kt = k.permute(0, 1, 3, 2) if self.permute_k else k.transpose(-1, -2)
+        s = torch.matmul(q, kt)
+        if self.scaling == "nanogpt":  # causal, as nanoGPT's attention without flash
+            s = (s * (1.0 / math.sqrt(E))).masked_fill(self.causal[:, :, :T, :T] == 0, float("-inf"))
+        elif self.scale_after_mask and self.mask is not None:
+            s = (s + self.mask) / math.sqrt(E)
+        else:
+            s = s / math.sqrt(E) if self.scaling == "divide" else (s * (1 / math.sqrt(E)) if self.scaling == "multiply"
+                                                                   else s)
+            if self.mask is not None:
+                s = self.mask + s if self.mask_first else s + self.mask
+        p = torch.nn.functional.softmax(s, dim=-1)
+        p = torch.nn.functional.dropout(p, self.dropout, training=True)
+        return torch.matmul(p, v), p
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
+        if self.ckpt:
+            out = torch.utils.checkpoint.checkpoint(lambda *a: self.attend(*a)[0], q, k, v, use_reentrant=False)
+            p = None
+        else:
+            out, p = self.attend(q, k, v)
+        loss = (out.tanh() * 2).sum()
+        return (loss, p) if self.return_probs else loss
+
+
+def _padding_mask():
+    keep = torch.arange(T) < T - 6
+    return ((1.0 - keep.float()) * torch.finfo(torch.float32).min).view(1, 1, 1, T).expand(B, 1, 1, T)
+
+
+CASES = {
+    "divided, padding mask": dict(mask=_padding_mask()),
+    "multiplied": dict(scaling="multiply"),
+    "unscaled": dict(scaling="none"),
+    "mask first, permuted key": dict(mask=_padding_mask(), mask_first=True, permute_k=True),
+    "float mask 2d": dict(mask=torch.randn(T, T, generator=torch.Generator().manual_seed(4))),
+    "checkpointed": dict(mask=_padding_mask(), ckpt=True),
+    "causal masked_fill (nanoGPT)": dict(scaling="nanogpt"),
+}
+
+
+def _step(model, call):
+    x = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))
+    for p in model.parameters():
+        p.grad = None
+    out = call(x)
+    loss = out[0] if isinstance(out, tuple) else out
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+def _jit(model, executors):
+    return thunder.jit(model, transforms=[MemFuse(strict=True)], **({"executors": executors} if executors else {}))
+
+
+EXECUTORS = [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
+    not tc.available(False), reason="torch.compile cannot build here (no C++ compiler)"))]
+
+
+@pytest.mark.parametrize("executors", EXECUTORS, ids=["thunder", "torchcompile"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_chain_that_is_attention_runs_fused(case, executors):
+    torch.manual_seed(0)
+    model = Written(**CASES[case])
+    eager = copy.deepcopy(model)
+    want = _step(eager, eager)
+    jm = _jit(model, executors)
+    got = _step(model, jm)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    summary = attention.attention_summary(thunder.compile_data(jm))
+    assert summary["written_out"] == 1 and summary["fused"] >= 1 and summary["decomposed"] == [], summary
+    fw, bw = thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]
+    assert "memfuse_sdpa_cpu_backward" in [b.sym.name for b in bw.bound_symbols]
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    assert not any(tuple(t.shape) == (B, H, T, T) for t in get_saved_for_backward_tensors(fw))
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(return_probs=True), "the probabilities are returned"),
+    (dict(mask=_padding_mask(), scale_after_mask=True), "scaled after the mask"),
+])
+def test_a_chain_that_is_not_exactly_attention_stays_as_written(kw, why):
+    torch.manual_seed(0)
+    model = Written(**kw)
+    eager = copy.deepcopy(model)
+    want = _step(eager, eager)
+    jm = _jit(model, None)
+    got = _step(model, jm)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    summary = attention.attention_summary(thunder.compile_data(jm))
+    assert not summary or summary["written_out"] == 0, (why, summary)
+    assert any(b.sym.name in ("_softmax", "softmax") for b in thunder.last_traces(jm)[0].bound_symbols), why
+
+
+def test_a_dropout_that_draws_stays_the_users():
+    """A dropout of nonzero probability is never matched: under one seed the numbers are plain Thunder's."""
+    torch.manual_seed(0)
+    model = Written(mask=_padding_mask(), dropout=0.2)
+    plain = copy.deepcopy(model)
+    jm, jp = _jit(model, None), thunder.jit(plain)
+    torch.manual_seed(7)
+    got = _step(model, jm)
+    torch.manual_seed(7)
+    want = _step(plain, jp)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    summary = attention.attention_summary(thunder.compile_data(jm))
+    assert not summary or summary["written_out"] == 0, summary
+
+
+def test_matching_is_memfuses_alone():
+    """Plain Thunder keeps the chain (and saves the T x T probabilities), so the difference is memfuse's."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    torch.manual_seed(0)
+    model = Written(mask=_padding_mask())
+    jp = thunder.jit(model)
+    _step(model, jp)
+    assert any(tuple(t.shape) == (B, H, T, T) for t in get_saved_for_backward_tensors(thunder.last_traces(jp)[-1]))

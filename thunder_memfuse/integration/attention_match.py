@@ -1,0 +1,191 @@
+"""Attention written out by hand, as one scaled_dot_product_attention call.
+
+NOTE [attention written out]  Many models compute attention op by op rather than through
+`F.scaled_dot_product_attention`: BERT-style encoders (ELECTRA, BERT with eager attention) write
+
+    scores = q @ k.transpose(-1, -2) / sqrt(d) + mask;  probs = softmax(scores, -1);  out = probs @ v
+
+Each of `scores` and `probs` is a batch x heads x T x T tensor, and `probs` is saved for the backward:
+at a thousand tokens these dwarf everything else a step keeps.  torch.compile's Inductor rewrites such
+chains into its fused attention (its joint-graph attention patterns); here the computation trace is
+rewritten before Thunder differentiates it, so the chain becomes the `scaled_dot_product_attention`
+call it computes and takes the fused kernels of NOTE [attention kept whole] (attention.py) with their
+backward.  The numbers are those of a fused attention (within float tolerance of the chain's).
+
+A chain is matched only where it is exactly attention: `matmul(p, v)` whose `p` is `softmax(s, -1)`
+(through a dropout of probability 0, the kind a model in eval or with dropout off leaves in the
+trace), whose `s` is `matmul(q, k^T)` (k^T a transpose or permute of k's last two dimensions) scaled by
+Python numbers (`/ c` or `* c`) and then, optionally, plus a mask or filled with -inf where a boolean
+tensor is true (nanoGPT's causal `masked_fill`: the call's boolean mask is its negation); every tensor in between is read by
+the next op alone and is no output (a model returning its attention probabilities keeps its chain);
+and the fused kernel takes the call (attention.declined: 4-D inputs of one floating dtype, a mask that
+needs no gradient, of the query's dtype and 2-D or 4-D).  A dropout of nonzero probability is never
+matched: the chain's own random draws stay the user's.  Anything else stays as written.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Number
+
+import thunder.core.dtypes as dtypes
+from thunder.core.proxies import TensorProxy, variableify
+
+from .._options import LOG
+
+_MATMUL, _SOFTMAX, _DROPOUT = "torch.matmul", "torch.softmax", "torch.nn.functional.dropout"
+_DIVIDES, _MULTIPLIES, _ADD = ("torch.true_divide", "torch.div"), ("torch.mul",), "torch.add"
+_TRANSPOSES = ("torch.transpose", "torch.permute")
+_MASKED_FILL = "torch.masked_fill"
+
+
+def _last_two_swapped(b, k) -> bool:
+    """Is b (a transpose or permute) k with its last two dimensions swapped?"""
+    nd = k.ndim
+    if b.sym.id == "torch.transpose":
+        dims = sorted(d % nd for d in b.args[1:3]) if len(b.args) >= 3 else None
+        return dims == [nd - 2, nd - 1]
+    perm = b.args[1:] if len(b.args) > 2 else (b.args[1] if len(b.args) > 1 else None)
+    perm = tuple(perm[0]) if perm and isinstance(perm[0], (tuple, list)) else tuple(perm or ())
+    return len(perm) == nd and tuple(d % nd for d in perm) == tuple(range(nd - 2)) + (nd - 1, nd - 2)
+
+
+def _match(b, producer, consumers, outputs):
+    """(q, k, v, mask, scale, the bound symbols the call replaces) for the chain ending at matmul b,
+    or None (NOTE [attention written out])."""
+    from .attention import declined
+
+    def only_feeds(p, b2):
+        return (isinstance(p, TensorProxy) and p.name not in outputs
+                and [id(c) for c in consumers.get(p.name, ())] == [id(b2)])
+
+    if len(b.args) != 2 or not all(isinstance(a, TensorProxy) for a in b.args):
+        return None
+    p, v = b.args
+    chain = [b]
+    prev = b
+    pb = producer.get(p.name)
+    if pb is not None and pb.sym.id == _DROPOUT:  # dropout(p, 0.0, training, inplace)
+        prob = pb.args[1] if len(pb.args) > 1 else pb.kwargs.get("p", 0.5)
+        if not (isinstance(prob, Number) and prob == 0) or not only_feeds(p, prev):
+            return None
+        chain.append(pb)
+        prev, p = pb, pb.args[0]
+        pb = producer.get(p.name)
+    if pb is None or pb.sym.id != _SOFTMAX or not only_feeds(p, prev):
+        return None
+    s = pb.args[0]
+    dim = pb.args[1] if len(pb.args) > 1 else pb.kwargs.get("dim")
+    if not isinstance(s, TensorProxy) or not isinstance(dim, int) or dim % s.ndim != s.ndim - 1:
+        return None
+    if pb.kwargs.get("dtype") not in (None, s.dtype):
+        return None
+    chain.append(pb)
+    prev, sb = pb, producer.get(s.name)
+    mask, scale = None, 1.0
+    fill = None  # masked_fill(scores, cond, -inf): the mask is not cond
+    if sb is not None and sb.sym.id == _MASKED_FILL and only_feeds(s, prev):
+        cond, value = (list(sb.args[1:3]) + [sb.kwargs.get("mask"), sb.kwargs.get("value")])[:2]
+        if not (isinstance(cond, TensorProxy) and isinstance(value, Number) and value == -math.inf
+                and isinstance(sb.args[0], TensorProxy)):
+            return None
+        fill, s = cond, sb.args[0]
+        chain.append(sb)
+        prev, sb = sb, producer.get(s.name)
+    elif sb is not None and sb.sym.id == _ADD and only_feeds(s, prev) and sb.kwargs.get("alpha", 1) == 1:
+        # scores + mask, either way round: the scores are the operand a matmul or a scaling made
+        for x, m in (sb.args[:2], sb.args[1::-1]):
+            xb = producer.get(x.name) if isinstance(x, TensorProxy) else None
+            if (xb is not None and isinstance(m, TensorProxy) and tuple(x.shape) == tuple(s.shape)
+                    and (xb.sym.id == _MATMUL or xb.sym.id in _DIVIDES + _MULTIPLIES)):
+                mask, s = m, x
+                break
+        else:
+            return None
+        chain.append(sb)
+        prev, sb = sb, producer.get(s.name)
+    while sb is not None and sb.sym.id in _DIVIDES + _MULTIPLIES and only_feeds(s, prev):
+        a, c = sb.args[:2]
+        if sb.sym.id in _DIVIDES and isinstance(a, TensorProxy) and isinstance(c, Number) and c != 0:
+            scale, s = scale / c, a
+        elif sb.sym.id in _MULTIPLIES and isinstance(a, TensorProxy) and isinstance(c, Number):
+            scale, s = scale * c, a
+        elif sb.sym.id in _MULTIPLIES and isinstance(c, TensorProxy) and isinstance(a, Number):
+            scale, s = scale * a, c
+        else:
+            return None
+        if sb.sym.id == "torch.div" and sb.kwargs.get("rounding_mode") is not None:
+            return None
+        chain.append(sb)
+        prev, sb = sb, producer.get(s.name)
+    if sb is None or sb.sym.id != _MATMUL or not only_feeds(s, prev) or len(sb.args) != 2:
+        return None
+    q, kt = sb.args
+    kb = producer.get(kt.name) if isinstance(kt, TensorProxy) else None
+    if kb is None or kb.sym.id not in _TRANSPOSES or not isinstance(kb.args[0], TensorProxy):
+        return None
+    k = kb.args[0]
+    if not isinstance(q, TensorProxy) or not _last_two_swapped(kb, k):
+        return None
+    chain.append(sb)
+    if only_feeds(kt, sb):
+        chain.append(kb)
+    if fill is not None:  # declined() sees the boolean mask the call will take: its shape and dtype
+        if fill.dtype != dtypes.bool8:
+            return None
+        mask = fill
+    if declined(q, k, v, mask, 0.0, False, scale=scale) not in (None, ""):
+        return None
+    if tuple(q.shape[:-1]) + (v.shape[-1],) != tuple(b.output.shape):
+        return None
+    return q, k, v, mask, scale, chain, fill is not None
+
+
+def match_attention(trace):
+    """(trace with each matched chain replaced by one scaled_dot_product_attention call, how many) (NOTE
+    [attention written out]); the trace itself where none matched."""
+    import thunder.torch as ltorch
+    from thunder.core.trace import from_trace, reset_tracectx, set_tracectx
+
+    if not any(b.sym.id == _SOFTMAX for b in trace.bound_symbols):
+        return trace, 0
+    producer, consumers, outputs = {}, {}, set()
+    for b in trace.bound_symbols:
+        if b.sym.name == "python_return":
+            outputs.update(p.name for p in b.flat_proxy_args if isinstance(p, TensorProxy))
+        for o in b.flat_proxy_outs:
+            producer.setdefault(o.name, b)
+        for a in {a.name for a in b.flat_proxy_args if isinstance(a, TensorProxy)}:
+            consumers.setdefault(a, []).append(b)
+    matches, replaced = {}, set()
+    for b in trace.bound_symbols:
+        if b.sym.id == _MATMUL and isinstance(b.output, TensorProxy):
+            m = _match(b, producer, consumers, outputs)
+            if m is not None and not any(id(x) in replaced for x in m[5]):
+                matches[id(b)] = m
+                replaced.update(id(x) for x in m[5])
+    if not matches:
+        return trace, 0
+    new = from_trace(trace)
+    tok = set_tracectx(new)
+    try:
+        for b in trace.bound_symbols:
+            m = matches.get(id(b))
+            if m is None:
+                if id(b) not in replaced:
+                    new.bound_symbols.append(b)
+                continue
+            q, k, v, mask, scale, _, filled = m
+            scope = []
+            new.push_scope(scope)
+            try:
+                if filled:  # the positions masked_fill set to -inf take no part: a boolean mask of the others
+                    mask = ltorch.logical_not(mask)
+                out = ltorch.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=scale)
+            finally:
+                new.pop_scope()
+            swap = {variableify(out): b.output}
+            new.bound_symbols.extend(x.from_bsym_swap_proxies(swap) for x in scope)
+    finally:
+        reset_tracectx(tok)
+    LOG.info("memfuse: %d attention chain(s) written out by hand run as scaled_dot_product_attention", len(matches))
+    return new, len(matches)
