@@ -22,7 +22,7 @@ from thunder.core.trace import TraceProvenance, TraceTag
 from thunder.core.transform_common import Transform
 
 from .. import _C, _options, _symbols, regions
-from . import _misuse, _planning, _recompute, _step, attention, attention_match
+from . import _misuse, _planning, _recompute, _step, attention, attention_match, broadcasts
 from .._options import LOG
 from ..errors import MemFuseError, warn as _warn
 from ._regroup import _planned_groups, _with_comments, regroup_trace
@@ -207,6 +207,12 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
             if self.strict:
                 raise MemFuseError(f"memfuse could not replace the fusion executors: {e}") from e
             _warn(f"memfuse kept the fusion executors: {type(e).__name__}: {e}")
+        try:  # broadcasts.py NOTE [broadcasts kept small]
+            computation_trace, _ = broadcasts.keep_broadcasts_small(computation_trace)
+        except Exception as e:  # the ops stay as the user wrote them
+            if self.strict:
+                raise MemFuseError(f"memfuse could not keep broadcasts small: {e}") from e
+            _warn(f"memfuse left elementwise ops on broadcasts as they are: {type(e).__name__}: {e}")
         try:  # attention_match.py NOTE [attention written out]
             computation_trace, n = attention_match.match_attention(computation_trace)
             attention.note_written_out(get_compile_data(), n)
