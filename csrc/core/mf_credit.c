@@ -23,10 +23,20 @@
  * group (for the head at least the group's second position).  Sources are
  * grouped by size class (equal bytes); in a class, with r0 the least r of
  * its sources, the takers are the storages of the class that an op given as
- * MF_FUSIBLE_POINTWISE allocates at a position >= r0 and that leave the
- * group (graph outputs or read after it).  Where a class has exactly one
- * taker it takes one source's buffer: the group counts that class's bytes
- * once less.  With the head among a class's sources, only takers no extern
+ * MF_FUSIBLE_POINTWISE allocates anywhere in the group and that leave it
+ * (graph outputs or read after it); late ones are allocated at a position
+ * >= r0, when a source's buffer is dead.  Where a class has exactly one
+ * taker and it is late, it takes one source's buffer: the group counts that
+ * class's bytes once less.  Where the class's sources are donated storages
+ * only, the taker must be computed from one of them, by its op or through
+ * values of the group no extern call stores (the compiler writes it in
+ * place: a compiled program frees no input of its own, so a later
+ * allocation never reuses one; measured on the seed's paths, where a relu
+ * of an input beside a GEMM reading two dying results kept a buffer of its
+ * own).  A
+ * taker before r0 blocks it: Inductor writes in place only over a buffer
+ * with one reader left, and an earlier result of the size, in the same
+ * kernel, may be another (the plan stays an upper bound).  With the head among a class's sources, only takers no extern
  * call reads (not marked stored) count, as NOTE [stored heads] has always
  * counted them: a head's region whose result a GEMM reads was measured to
  * keep more than the model sees (a checkpointed Phi-3 MLP backward: the
@@ -102,18 +112,27 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
 
 int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
 {
+    /* one block: nine class arrays, then three storage arrays */
+    size_t nc = (size_t)pg->ncls + 1, ns = (size_t)pg->ns + 1;
+    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 9 * nc + 3 * ns, sizeof(int32_t));
     memset(cr, 0, sizeof *cr);
     cr->pg = pg;
-    cr->cstamp = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ncls + 1, sizeof(int32_t));
-    cr->cn = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ncls + 1, sizeof(int32_t));
-    cr->cnp = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ncls + 1, sizeof(int32_t));
-    cr->chead = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ncls + 1, sizeof(int32_t));
-    cr->tstamp = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
-    if (!cr->cstamp || !cr->cn || !cr->cnp || !cr->chead || !cr->tstamp)
+    cr->tlate = (uint8_t *)mf_arena_array(ctx, a, ns, 1);
+    if (!block || !cr->tlate)
         return MF_ENOMEM;
-    memset(cr->cstamp, 0, sizeof(int32_t) * ((size_t)pg->ncls + 1));
-    memset(cr->chead, 0, sizeof(int32_t) * ((size_t)pg->ncls + 1));
-    memset(cr->tstamp, 0, sizeof(int32_t) * ((size_t)pg->ns + 1));
+    memset(block, 0, sizeof(int32_t) * (9 * nc + 3 * ns));
+    cr->cstamp = block;
+    cr->chead = block + nc;
+    cr->tcstamp = block + 2 * nc;
+    cr->cn = block + 3 * nc;
+    cr->cnp = block + 4 * nc;
+    cr->cl = block + 5 * nc;
+    cr->clp = block + 6 * nc;
+    cr->cd = block + 7 * nc;
+    cr->dstamp = block + 8 * nc;
+    cr->tstamp = block + 9 * nc;
+    cr->sreg = block + 9 * nc + ns;
+    cr->scarry = block + 9 * nc + 2 * ns;
     return MF_OK;
 }
 
@@ -123,50 +142,81 @@ void mf_credit_begin(mf_credit *cr)
     cr->credit = 0;
 }
 
-/* the class's share of the credit: its bytes where it has exactly one taker (with the head among
- * its sources, one that is no stored value: NOTE [reuse credit]) */
+/* the class's share of the credit: its bytes where it has a source and exactly one taker, a late one
+ * (with the head among its sources, counting only takers that are no stored value: NOTE [reuse credit]) */
 static int64_t share(const mf_credit *cr, int32_t c)
 {
-    if (cr->cstamp[c] != cr->stamp)
+    int one;
+    if (cr->cstamp[c] != cr->stamp || cr->tcstamp[c] != cr->stamp)
         return 0;
-    return (cr->chead[c] == cr->stamp ? cr->cnp[c] : cr->cn[c]) == 1 ? cr->pg->cbytes[c] : 0;
+    one = cr->chead[c] == cr->stamp ? cr->cnp[c] == 1 && cr->clp[c] == 1 : cr->cn[c] == 1 && cr->cd[c] == 1;
+    return one ? cr->pg->cbytes[c] : 0;
 }
 
 void mf_credit_source(mf_credit *cr, int32_t s, int head)
 {
     int32_t c = cr->pg->scls[s];
     cr->credit -= share(cr, c);
-    if (cr->cstamp[c] != cr->stamp) {
-        cr->cstamp[c] = cr->stamp;
-        cr->cn[c] = cr->cnp[c] = 0;
-    }
-    if (head)
+    cr->cstamp[c] = cr->stamp;
+    if (head) {
         cr->chead[c] = cr->stamp;
+    } else {
+        cr->dstamp[c] = cr->stamp;
+        cr->sreg[s] = cr->stamp;
+    }
     cr->credit += share(cr, c);
 }
 
 void mf_credit_taker(mf_credit *cr, int32_t s)
 {
     int32_t c = cr->pg->scls[s];
-    if (cr->cstamp[c] != cr->stamp)
-        return; /* no source yet: its buffer is not dead when s is written */
+    int stored = cr->pg->smat[s] != 0, late = cr->cstamp[c] == cr->stamp; /* after a source: its buffer is dead */
+    int direct = cr->dstamp[c] == cr->stamp && cr->carry; /* computed from a donated source */
     cr->credit -= share(cr, c);
+    if (cr->tcstamp[c] != cr->stamp) {
+        cr->tcstamp[c] = cr->stamp;
+        cr->cn[c] = cr->cnp[c] = cr->cl[c] = cr->clp[c] = cr->cd[c] = 0;
+    }
     cr->cn[c]++;
-    cr->cnp[c] += !cr->pg->smat[s];
+    cr->cnp[c] += !stored;
+    cr->cl[c] += late;
+    cr->clp[c] += late && !stored;
+    cr->cd[c] += direct;
     cr->tstamp[s] = cr->stamp;
+    cr->tlate[s] = (uint8_t)(late | direct << 1);
     cr->credit += share(cr, c);
 }
 
 void mf_credit_drop(mf_credit *cr, int32_t s)
 {
     int32_t c = cr->pg->scls[s];
+    int stored, late;
     if (cr->tstamp[s] != cr->stamp)
         return;
+    stored = cr->pg->smat[s] != 0;
+    late = cr->tlate[s] & 1;
     cr->tstamp[s] = 0;
     cr->credit -= share(cr, c);
     cr->cn[c]--;
-    cr->cnp[c] -= !cr->pg->smat[s];
+    cr->cnp[c] -= !stored;
+    cr->cl[c] -= late;
+    cr->clp[c] -= late && !stored;
+    cr->cd[c] -= cr->tlate[s] >> 1;
     cr->credit += share(cr, c);
+}
+
+void mf_credit_op(mf_credit *cr, int32_t u)
+{
+    const mf_pg *pg = cr->pg;
+    int32_t q;
+    cr->carry = 0;
+    for (q = pg->oread_ptr[u]; q < pg->oread_ptr[u + 1] && !cr->carry; q++) {
+        int32_t s = pg->oread[q];
+        cr->carry = cr->sreg[s] == cr->stamp || (cr->scarry[s] == cr->stamp && !pg->smat[s]);
+    }
+    if (cr->carry)
+        for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++)
+            cr->scarry[pg->oalloc[q]] = cr->stamp;
 }
 
 int mf_credit_is_taker(const mf_pg *pg, const int32_t *order, int32_t p, int32_t s, int32_t hs)
@@ -198,6 +248,7 @@ int64_t mf_group_credit(mf_credit *cr, const int32_t *order, const int32_t *apos
             if (pg->sdon[s] && apos[s] < i && lastpos[s] == p)
                 mf_credit_source(cr, s, 0);
         }
+        mf_credit_op(cr, u);
         for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++) {
             int32_t s = pg->oalloc[q];
             if ((pg->sout[s] || lastpos[s] >= j) && mf_credit_is_taker(pg, order, p, s, hs))

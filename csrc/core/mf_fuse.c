@@ -207,6 +207,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
         for (q = w->dptr[i - a]; q < w->dptr[i + 1 - a]; q++) /* donated inputs read last at i */
             if (w->apos[w->didx[q]] < i && pg->sdon[w->didx[q]])
                 mf_credit_source(cr, w->didx[q], 0);
+        mf_credit_op(cr, w->order[i]);
         credit_takers(w, i, i + 1, hs); /* i's results, while read after it */
         for (j = i + 2; j <= b && j - i <= w->maxlen; j++) {
             int32_t p = j - 1, u = w->order[p];
@@ -225,6 +226,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
                 }
             }
             A += w->fa[p];
+            mf_credit_op(cr, u);
             credit_takers(w, p, j, hs);
             c = w->L[i] + A - cr->credit;
             cand = step(mode, cap, base, c);

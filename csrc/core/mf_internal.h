@@ -183,9 +183,16 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
  * afresh without clearing. */
 typedef struct mf_credit {
     const mf_pg *pg;
-    int32_t *cstamp, *cn; /* ncls: the class has a source in this group; its takers */
-    int32_t *cnp, *chead; /* ncls: its takers that are not stored; the head is among its sources */
-    int32_t *tstamp;      /* ns: counted as a taker in this group */
+    int32_t *cstamp, *chead; /* ncls: the class has a source in this group; the head is among them */
+    int32_t *tcstamp;        /* ncls: its taker counts below are this group's */
+    int32_t *cn, *cnp;       /* ncls: its takers; those that are not stored */
+    int32_t *cl, *clp;       /* ncls: of them, those met after a source of the class (late) */
+    int32_t *cd;             /* ncls: of them, those computed from a donated source (direct) */
+    int32_t *dstamp;         /* ncls: a donated source of the class is in this group */
+    int32_t *tstamp;         /* ns: counted as a taker in this group */
+    int32_t *sreg, *scarry;  /* ns: a donated source in this group; made from one through unstored values */
+    uint8_t *tlate;          /* ns: ... as a late one (bit 0), a direct one (bit 1) */
+    int carry;               /* the op met now computes from a donated source (mf_credit_op) */
     int32_t stamp;
     int64_t credit;
 } mf_credit;
@@ -195,6 +202,9 @@ void mf_credit_begin(mf_credit *cr);
 void mf_credit_source(mf_credit *cr, int32_t s, int head);
 void mf_credit_taker(mf_credit *cr, int32_t s);
 void mf_credit_drop(mf_credit *cr, int32_t s);
+/* Op u, met after its position's sources and before its takers: does it compute from a donated
+ * source, directly or through values of the group no extern call stores? */
+void mf_credit_op(mf_credit *cr, int32_t u);
 /* The head storage of op u (NOTE [stored heads], mf_fuse.c), or -1. */
 int32_t mf_credit_head(const mf_pg *pg, int32_t u);
 /* May s, allocated at position p of order, take a source's buffer (hs: the group's head, or -1)? */

@@ -139,15 +139,19 @@ static int last_in(const href *r, int s, const int *grp, const int *pos, int t, 
 }
 
 /* csrc/core/mf_credit.c NOTE [reuse credit], literally: sources (the stored head, donated
- * storages) by size, the least last-read position r0 of each size, its takers at or after r0. */
+ * storages) by size, the least last-read position r0 of each size, its results leaving the group
+ * anywhere in it (takers), those at or after r0 (late ones) and those computed from a donated
+ * source through unstored values (direct ones: without the head, the one taker must be one). */
 static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t *order, const int *grp,
                            const int *pos, int lo, int hi, int t)
 {
     int64_t r0[HVMAX], credit = 0; /* by size: index = bytes / 8 */
-    int takers[HVMAX], plain[HVMAX], headc = -1, h = -1, s, p, k, ok;
+    int takers[HVMAX], plain[HVMAX], late[HVMAX], plate[HVMAX], direct[HVMAX], headc = -1, h = -1, s, p, k, ok;
+    int dsrc[HVMAX], dcls[HVMAX], carried[HVMAX]; /* per root: a donated source of the group, of the size;
+                                                   * made from one through unstored values */
     for (s = 0; s < HVMAX; s++) {
         r0[s] = -1;
-        takers[s] = plain[s] = 0;
+        takers[s] = plain[s] = late[s] = plate[s] = direct[s] = dsrc[s] = dcls[s] = carried[s] = 0;
     }
     if (r->nalloc[order[lo]] == 1) { /* the head: a source where no reader follows the group, never a taker */
         h = r->head[order[lo]];
@@ -169,24 +173,37 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
         lp = last_in(r, s, grp, pos, t, &ok);
         if (ok && lp >= 0 && (r0[d->value_bytes[s] / 8] < 0 || lp < r0[d->value_bytes[s] / 8]))
             r0[d->value_bytes[s] / 8] = lp;
+        if (ok && lp >= 0) {
+            dsrc[s] = lp + 1; /* its last read: 1 + the position */
+            dcls[d->value_bytes[s] / 8] = 1;
+        }
     }
     for (p = lo; p < hi; p++) {
-        int u = order[p];
+        int u = order[p], carry = 0;
+        for (s = 0; s < r->nv; s++) /* a donated source (read last here) or a value made from one */
+            if (r->root[s] == s && (r->readers[s] >> u & 1) && (dsrc[s] == p + 1 || (carried[s] && !r->mat[s])))
+                carry = 1;
+        for (s = 0; s < r->nv; s++)
+            if (r->root[s] == s && r->alloc_op[s] == u && carry)
+                carried[s] = 1;
         if (!r->pointwise[u])
             continue;
         for (s = 0; s < r->nv; s++) {
             int after = 0, c = (int)(d->value_bytes[s] / 8);
-            if (r->root[s] != s || r->alloc_op[s] != u || s == h || c == 0 || r0[c] < 0 || p < r0[c])
+            if (r->root[s] != s || r->alloc_op[s] != u || s == h || c == 0)
                 continue;
             for (k = 0; k < r->n; k++)
                 after |= (r->readers[s] >> k & 1) && grp[k] > t;
             takers[c] += r->out[s] || after;
             plain[c] += (r->out[s] || after) && !r->mat[s];
+            late[c] += (r->out[s] || after) && r0[c] >= 0 && p >= r0[c];
+            plate[c] += (r->out[s] || after) && !r->mat[s] && r0[c] >= 0 && p >= r0[c];
+            direct[c] += (r->out[s] || after) && carry && dcls[c];
         }
     }
     for (s = 1; s < HVMAX; s++) /* two results of a size: each gets a buffer of its own */
-        if (r0[s] >= 0 && (s == headc ? plain[s] : takers[s]) == 1) /* with the head: unstored ones */
-            credit += 8 * (int64_t)s;
+        if (r0[s] >= 0 && (s == headc ? plain[s] == 1 && plate[s] == 1 : takers[s] == 1 && direct[s] == 1))
+            credit += 8 * (int64_t)s; /* with the head: unstored ones */
     return credit;
 }
 
