@@ -112,27 +112,26 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
 
 int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
 {
-    /* one block: nine class arrays, then three storage arrays */
+    /* one block: eight class arrays, then three storage arrays */
     size_t nc = (size_t)pg->ncls + 1, ns = (size_t)pg->ns + 1;
-    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 9 * nc + 3 * ns, sizeof(int32_t));
+    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 8 * nc + 3 * ns, sizeof(int32_t));
     memset(cr, 0, sizeof *cr);
     cr->pg = pg;
     cr->tlate = (uint8_t *)mf_arena_array(ctx, a, ns, 1);
     if (!block || !cr->tlate)
         return MF_ENOMEM;
-    memset(block, 0, sizeof(int32_t) * (9 * nc + 3 * ns));
+    memset(block, 0, sizeof(int32_t) * (8 * nc + 3 * ns));
     cr->cstamp = block;
     cr->chead = block + nc;
     cr->tcstamp = block + 2 * nc;
     cr->cn = block + 3 * nc;
     cr->cnp = block + 4 * nc;
-    cr->cl = block + 5 * nc;
-    cr->clp = block + 6 * nc;
-    cr->cd = block + 7 * nc;
-    cr->dstamp = block + 8 * nc;
-    cr->tstamp = block + 9 * nc;
-    cr->sreg = block + 9 * nc + ns;
-    cr->scarry = block + 9 * nc + 2 * ns;
+    cr->clp = block + 5 * nc;
+    cr->cd = block + 6 * nc;
+    cr->dstamp = block + 7 * nc;
+    cr->tstamp = block + 8 * nc;
+    cr->sreg = block + 8 * nc + ns;
+    cr->scarry = block + 8 * nc + 2 * ns;
     return MF_OK;
 }
 
@@ -175,11 +174,10 @@ void mf_credit_taker(mf_credit *cr, int32_t s)
     cr->credit -= share(cr, c);
     if (cr->tcstamp[c] != cr->stamp) {
         cr->tcstamp[c] = cr->stamp;
-        cr->cn[c] = cr->cnp[c] = cr->cl[c] = cr->clp[c] = cr->cd[c] = 0;
+        cr->cn[c] = cr->cnp[c] = cr->clp[c] = cr->cd[c] = 0;
     }
     cr->cn[c]++;
     cr->cnp[c] += !stored;
-    cr->cl[c] += late;
     cr->clp[c] += late && !stored;
     cr->cd[c] += direct;
     cr->tstamp[s] = cr->stamp;
@@ -199,7 +197,6 @@ void mf_credit_drop(mf_credit *cr, int32_t s)
     cr->credit -= share(cr, c);
     cr->cn[c]--;
     cr->cnp[c] -= !stored;
-    cr->cl[c] -= late;
     cr->clp[c] -= late && !stored;
     cr->cd[c] -= cr->tlate[s] >> 1;
     cr->credit += share(cr, c);
