@@ -33,18 +33,21 @@
  * place: a compiled program frees no input of its own, so a later
  * allocation never reuses one; measured on the seed's paths, where a relu
  * of an input beside a GEMM reading two dying results kept a buffer of its
- * own).  A
- * taker before r0 blocks it: Inductor writes in place only over a buffer
- * with one reader left, and an earlier result of the size, in the same
- * kernel, may be another (the plan stays an upper bound).  With the head among a class's sources, only takers no extern
- * call reads (not marked stored) count, as NOTE [stored heads] has always
- * counted them: a head's region whose result a GEMM reads was measured to
- * keep more than the model sees (a checkpointed Phi-3 MLP backward: the
- * gate-up GEMM's gradient, made through pads, is no in-place write), so
- * such a result neither takes nor blocks there.  A donated input's taker
- * may be read by an extern call afterwards (the cross-entropy's gradient
- * over the saved log-softmax, read by the LM head's GEMMs).  Where it has two or more, nothing is
- * credited: the kernel writing them may read the source while it writes
+ * own).  A taker before r0 blocks it: Inductor writes in place only over a
+ * buffer with one reader left, and an earlier result of the size, in the
+ * same kernel, may be another (the plan stays an upper bound).  With the
+ * head among a class's sources, only takers no extern call reads (not marked
+ * stored) may take it, as NOTE [stored heads] has always counted them: a
+ * head's region whose result a GEMM reads was measured to keep more than the
+ * model sees (a checkpointed Phi-3 MLP backward: the gate-up GEMM's
+ * gradient, made through pads, is no in-place write).  Such a result still
+ * blocks where it is early: a SwiGLU backward region (OLMo, checkpointed)
+ * writes the up branch's gradient, which a GEMM reads next, and the SiLU
+ * over the head in one kernel; both read the head, so neither writes over it,
+ * and crediting the SiLU put the plan one tensor below its program.  A
+ * donated input's taker may be read by an extern call afterwards (the
+ * cross-entropy's gradient over the saved log-softmax, read by the LM head's
+ * GEMMs).  Where it has two or more, nothing is credited: the kernel writing them may read the source while it writes
  * (NOTE [stored heads]), and which of them the compiler gives it is its
  * choice; the plan stays an upper bound of what the program allocates.
  * Pointwise takers only: the compiler gives a dying buffer to a kernel
@@ -112,15 +115,15 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
 
 int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
 {
-    /* one block: eight class arrays, then three storage arrays */
+    /* one block: nine class arrays, then three storage arrays */
     size_t nc = (size_t)pg->ncls + 1, ns = (size_t)pg->ns + 1;
-    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 8 * nc + 3 * ns, sizeof(int32_t));
+    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 9 * nc + 3 * ns, sizeof(int32_t));
     memset(cr, 0, sizeof *cr);
     cr->pg = pg;
     cr->tlate = (uint8_t *)mf_arena_array(ctx, a, ns, 1);
     if (!block || !cr->tlate)
         return MF_ENOMEM;
-    memset(block, 0, sizeof(int32_t) * (8 * nc + 3 * ns));
+    memset(block, 0, sizeof(int32_t) * (9 * nc + 3 * ns));
     cr->cstamp = block;
     cr->chead = block + nc;
     cr->tcstamp = block + 2 * nc;
@@ -129,9 +132,10 @@ int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
     cr->clp = block + 5 * nc;
     cr->cd = block + 6 * nc;
     cr->dstamp = block + 7 * nc;
-    cr->tstamp = block + 8 * nc;
-    cr->sreg = block + 8 * nc + ns;
-    cr->scarry = block + 8 * nc + 2 * ns;
+    cr->cl = block + 8 * nc;
+    cr->tstamp = block + 9 * nc;
+    cr->sreg = block + 9 * nc + ns;
+    cr->scarry = block + 9 * nc + 2 * ns;
     return MF_OK;
 }
 
@@ -142,13 +146,15 @@ void mf_credit_begin(mf_credit *cr)
 }
 
 /* the class's share of the credit: its bytes where it has a source and exactly one taker, a late one
- * (with the head among its sources, counting only takers that are no stored value: NOTE [reuse credit]) */
+ * (with the head among its sources, counting only takers that are no stored value, while an early
+ * stored one still blocks: NOTE [reuse credit]) */
 static int64_t share(const mf_credit *cr, int32_t c)
 {
     int one;
     if (cr->cstamp[c] != cr->stamp || cr->tcstamp[c] != cr->stamp)
         return 0;
-    one = cr->chead[c] == cr->stamp ? cr->cnp[c] == 1 && cr->clp[c] == 1 : cr->cn[c] == 1 && cr->cd[c] == 1;
+    one = cr->chead[c] == cr->stamp ? cr->cnp[c] == 1 && cr->clp[c] == 1 && cr->cl[c] == cr->cn[c]
+                                    : cr->cn[c] == 1 && cr->cd[c] == 1;
     return one ? cr->pg->cbytes[c] : 0;
 }
 
@@ -174,10 +180,11 @@ void mf_credit_taker(mf_credit *cr, int32_t s)
     cr->credit -= share(cr, c);
     if (cr->tcstamp[c] != cr->stamp) {
         cr->tcstamp[c] = cr->stamp;
-        cr->cn[c] = cr->cnp[c] = cr->clp[c] = cr->cd[c] = 0;
+        cr->cn[c] = cr->cnp[c] = cr->cl[c] = cr->clp[c] = cr->cd[c] = 0;
     }
     cr->cn[c]++;
     cr->cnp[c] += !stored;
+    cr->cl[c] += late;
     cr->clp[c] += late && !stored;
     cr->cd[c] += direct;
     cr->tstamp[s] = cr->stamp;
@@ -197,6 +204,7 @@ void mf_credit_drop(mf_credit *cr, int32_t s)
     cr->credit -= share(cr, c);
     cr->cn[c]--;
     cr->cnp[c] -= !stored;
+    cr->cl[c] -= late;
     cr->clp[c] -= late && !stored;
     cr->cd[c] -= cr->tlate[s] >> 1;
     cr->credit += share(cr, c);

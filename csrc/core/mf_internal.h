@@ -186,7 +186,7 @@ typedef struct mf_credit {
     int32_t *cstamp, *chead; /* ncls: the class has a source in this group; the head is among them */
     int32_t *tcstamp;        /* ncls: its taker counts below are this group's */
     int32_t *cn, *cnp;       /* ncls: its takers; those that are not stored */
-    int32_t *clp;            /* ncls: of the unstored ones, those met after a source of the class (late) */
+    int32_t *cl, *clp;       /* ncls: those met after a source of the class (late); of them the unstored ones */
     int32_t *cd;             /* ncls: of them, those computed from a donated source (direct) */
     int32_t *dstamp;         /* ncls: a donated source of the class is in this group */
     int32_t *tstamp;         /* ns: counted as a taker in this group */

@@ -146,12 +146,12 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
                            const int *pos, int lo, int hi, int t)
 {
     int64_t r0[HVMAX], credit = 0; /* by size: index = bytes / 8 */
-    int takers[HVMAX], plain[HVMAX], plate[HVMAX], direct[HVMAX], headc = -1, h = -1, s, p, k, ok;
+    int takers[HVMAX], plain[HVMAX], late[HVMAX], plate[HVMAX], direct[HVMAX], headc = -1, h = -1, s, p, k, ok;
     int dsrc[HVMAX], dcls[HVMAX], carried[HVMAX]; /* per root: a donated source of the group, of the size;
                                                    * made from one through unstored values */
     for (s = 0; s < HVMAX; s++) {
         r0[s] = -1;
-        takers[s] = plain[s] = plate[s] = direct[s] = dsrc[s] = dcls[s] = carried[s] = 0;
+        takers[s] = plain[s] = late[s] = plate[s] = direct[s] = dsrc[s] = dcls[s] = carried[s] = 0;
     }
     if (r->nalloc[order[lo]] == 1) { /* the head: a source where no reader follows the group, never a taker */
         h = r->head[order[lo]];
@@ -196,13 +196,15 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
                 after |= (r->readers[s] >> k & 1) && grp[k] > t;
             takers[c] += r->out[s] || after;
             plain[c] += (r->out[s] || after) && !r->mat[s];
+            late[c] += (r->out[s] || after) && r0[c] >= 0 && p >= r0[c];
             plate[c] += (r->out[s] || after) && !r->mat[s] && r0[c] >= 0 && p >= r0[c];
             direct[c] += (r->out[s] || after) && carry && dcls[c];
         }
     }
     for (s = 1; s < HVMAX; s++) /* two results of a size: each gets a buffer of its own */
-        if (r0[s] >= 0 && (s == headc ? plain[s] == 1 && plate[s] == 1 : takers[s] == 1 && direct[s] == 1))
-            credit += 8 * (int64_t)s; /* with the head: unstored ones */
+        if (r0[s] >= 0 && (s == headc ? plain[s] == 1 && plate[s] == 1 && late[s] == takers[s]
+                                    : takers[s] == 1 && direct[s] == 1))
+            credit += 8 * (int64_t)s; /* with the head: unstored ones, and no early taker of any kind */
     return credit;
 }
 
