@@ -149,3 +149,68 @@ def test_matching_is_memfuses_alone():
     jp = thunder.jit(model)
     _step(model, jp)
     assert any(tuple(t.shape) == (B, H, T, T) for t in get_saved_for_backward_tensors(thunder.last_traces(jp)[-1]))
+
+
+class Biased(torch.nn.Module):
+    """Bloom's attention as transformers writes it out: an ALiBi bias added by baddbmm over
+    (batch * heads, T, T) views, a causal mask added after, a softmax in float32 and a cast back."""
+
+    def __init__(self, *, scale_after=False, bias_grad=False):
+        super().__init__()
+        self.qkv = torch.nn.Linear(E, 3 * H * E)
+        self.scale_after = scale_after
+        bias = torch.randn(B * H, 1, T, generator=torch.Generator().manual_seed(5))
+        self.bias = torch.nn.Parameter(bias) if bias_grad else None
+        self.register_buffer("alibi", bias)
+        causal = torch.triu(torch.full((T, T), torch.finfo(torch.float32).min), 1)
+        self.register_buffer("causal", causal.view(1, 1, T, T).expand(B, 1, T, T).clone())
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
+        q, v = q.reshape(B * H, T, E), v.reshape(B * H, T, E)
+        k = k.reshape(B * H, T, E).transpose(-1, -2)
+        bias = self.bias if self.bias is not None else self.alibi
+        s = bias.baddbmm(batch1=q, batch2=k, beta=1.0, alpha=1 / math.sqrt(E))
+        if self.scale_after:
+            s = s * 0.5
+        w = s.view(B, H, T, -1) + self.causal
+        p = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        p = torch.nn.functional.dropout(p, 0.0, training=True)
+        out = torch.bmm(p.view(B * H, T, -1), v)
+        return (out.tanh() * 2).sum()
+
+
+def _biased_step(model, executors):
+    eager = copy.deepcopy(model)
+    want = _step(eager, eager)
+    jm = _jit(model, executors)
+    got = _step(model, jm)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    return jm, attention.attention_summary(thunder.compile_data(jm))
+
+
+@pytest.mark.parametrize("executors", EXECUTORS, ids=["thunder", "torchcompile"])
+def test_an_alibi_bias_added_by_baddbmm_runs_fused_and_saves_no_sum(executors):
+    """Bloom's chain runs as memfuse_sdpa_cpu_biased (attention.py NOTE [an attention bias beside the
+    mask]): the backward saves the bias and the mask, never their batch x heads x T x T sum."""
+    from thunder.core.vjp_utils import get_saved_for_backward_tensors
+
+    torch.manual_seed(0)
+    jm, summary = _biased_step(Biased(), executors)
+    assert summary["written_out"] == 1 and summary["fused"] >= 1 and summary["decomposed"] == [], summary
+    bw = thunder.last_backward_traces(jm)[-1]
+    assert "memfuse_sdpa_cpu_biased_backward" in [b.sym.name for b in bw.bound_symbols]
+    saved = get_saved_for_backward_tensors(thunder.last_traces(jm)[-1])
+    assert not any(tuple(t.shape) in ((B, H, T, T), (B * H, T, T)) for t in saved), [t.shape for t in saved]
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(scale_after=True), "the scores are scaled after baddbmm added the bias"),
+    (dict(bias_grad=True), "the bias needs a gradient"),
+])
+def test_a_biased_chain_that_is_not_exactly_attention_stays_as_written(kw, why):
+    torch.manual_seed(0)
+    jm, summary = _biased_step(Biased(**kw), None)
+    assert not summary or summary["written_out"] == 0, (why, summary)
+    assert any(b.sym.name in ("_softmax", "softmax") for b in thunder.last_traces(jm)[0].bound_symbols), why

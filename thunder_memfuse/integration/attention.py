@@ -209,6 +209,81 @@ ex.register_implementation(ltorch.scaled_dot_product_attention, checker=_checker
                            grad_transform=_grad)
 
 
+# NOTE [an attention bias beside the mask]  Bloom adds an ALiBi bias (batch x heads x 1 x T) to its
+# scores and a causal mask (batch x 1 x T x T) after: the one mask the kernels take is their sum,
+# batch x heads x T x T, which the backward would read, so the forward would save it, per layer.
+# Matched chains with such a bias (attention_match.py) call memfuse_sdpa_cpu_biased instead: the bias
+# and the mask are its operands, and its forward and backward kernels each make the sum for the call,
+# so the backward saves the two small ones.  Each also returns that sum, a tensor nothing reads: the
+# planner sees the bytes the call holds while it runs, and Thunder frees it right after.
+def _sum_meta(query, attn_mask, attn_bias):
+    shape = tuple(attn_bias.shape)
+    if attn_mask is not None:  # both 4-D (attention_match.py): each dimension the larger
+        shape = tuple(max(a, b) for a, b in zip(shape, attn_mask.shape))
+    return TensorProxy(like=query, shape=shape, requires_grad=False)
+
+
+def _kernel_mask(mask, bias, dtype):
+    """The one additive mask the kernels take: bias plus the mask's (_float_mask)."""
+    mask = _float_mask(mask, dtype)
+    return bias + mask if mask is not None else bias
+
+
+def _biased_meta(query, key, value, attn_mask, attn_bias, scale):
+    return _fwd_meta(query, key, value, None, False, scale) + (_sum_meta(query, attn_mask, attn_bias),)
+
+
+def _biased_impl(query, key, value, attn_mask, attn_bias, scale):
+    m = _kernel_mask(attn_mask, attn_bias, query.dtype)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, False,
+                                                                          attn_mask=m, scale=scale)
+    return out, lse, m
+
+
+def _biased_bwd_meta(grad, query, key, value, out, logsumexp, attn_mask, attn_bias, scale):
+    return _bwd_meta(grad, query, key, value, out, logsumexp, None, False, scale) + (
+        _sum_meta(query, attn_mask, attn_bias),)
+
+
+def _biased_bwd_impl(grad, query, key, value, out, logsumexp, attn_mask, attn_bias, scale):
+    m = _kernel_mask(attn_mask, attn_bias, query.dtype)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, query, key, value, out, logsumexp, 0.0, False, attn_mask=m, scale=scale) + (m,)
+
+
+biased_fwd = ex.register_operator("memfuse_sdpa_cpu_biased_forward", meta=_biased_meta, fn=_biased_impl)
+biased_bwd = ex.register_operator("memfuse_sdpa_cpu_biased_backward", meta=_biased_bwd_meta, fn=_biased_bwd_impl)
+
+
+def _biased_out_meta(query, key, value, attn_mask, attn_bias, scale):
+    return _fwd_meta(query, key, value, None, False, scale)[0]
+
+
+def _biased_out_impl(query, key, value, attn_mask, attn_bias, scale):
+    return _biased_impl(query, key, value, attn_mask, attn_bias, scale)[0]
+
+
+biased_attention = ex.register_operator("memfuse_sdpa_cpu_biased", meta=_biased_out_meta, fn=_biased_out_impl)
+
+
+def _biased_execution(query, key, value, attn_mask, attn_bias, scale):
+    _note(None, (query.name, key.name, value.name))
+    out, _, _ = biased_fwd(query, _expanded(key, query), _expanded(value, query), attn_mask, attn_bias, scale)
+    return out
+
+
+def _biased_grad(query, key, value, attn_mask, attn_bias, scale):
+    _note(None, (query.name, key.name, value.name))
+    k, v = _expanded(key, query), _expanded(value, query)
+    out, lse, _ = biased_fwd(query, k, v, attn_mask, attn_bias, scale)
+    gq, gk, gv, _ = biased_bwd(get_grad(out), query, k, v, out, lse, attn_mask, attn_bias, scale)
+    put_grads((query, key, value), (gq, _summed(gk, key), _summed(gv, value)))
+    return out
+
+
+ex.register_implementation(biased_attention, execution_transform=_biased_execution, grad_transform=_biased_grad)
+
+
 def add_to(cd) -> None:
     """Put memfuse_sdpa_cpu first in compile data `cd`'s executor list (None: outside a compilation)."""
     if cd is None:

@@ -21,6 +21,14 @@ the next op alone and is no output (a model returning its attention probabilitie
 and the fused kernel takes the call (attention.declined: 4-D inputs of one floating dtype, a mask that
 needs no gradient, of the query's dtype and 2-D or 4-D).  A dropout of nonzero probability is never
 matched: the chain's own random draws stay the user's.  Anything else stays as written.
+
+Bloom writes the same chain over (batch * heads, T, T) views: `baddbmm(alibi, q, k^T, beta, alpha)`,
+viewed 4-D, plus its causal mask, `softmax(..., dtype=float32)` and a cast to the same dtype, then a
+dropout and `bmm(probs viewed 3-D, v)`.  Such a chain (bmm or matmul for either product, casts that
+change nothing, the views between (batch * heads) and (batch, heads)) is matched as well: q, k and v are
+viewed 4-D, alpha is the scale, and beta * bias, viewed (batch, heads, 1, T), is an additive bias beside
+the mask (attention.py NOTE [an attention bias beside the mask]); the scores scaled after baddbmm (which
+would scale its bias) or a bias that needs a gradient keep the chain as written.
 """
 from __future__ import annotations
 
@@ -36,6 +44,9 @@ _MATMUL, _SOFTMAX, _DROPOUT = "torch.matmul", "torch.softmax", "torch.nn.functio
 _DIVIDES, _MULTIPLIES, _ADD = ("torch.true_divide", "torch.div"), ("torch.mul",), "torch.add"
 _TRANSPOSES = ("torch.transpose", "torch.permute")
 _MASKED_FILL = "torch.masked_fill"
+_BMM, _BADDBMM = "torch.bmm", "torch.baddbmm"
+_VIEWS = ("torch.Tensor.view", "torch.reshape", "torch.Tensor.reshape")
+_CASTS = ("torch.Tensor.to", "torch.Tensor.type", "torch.Tensor.type_as")
 
 
 def _last_two_swapped(b, k) -> bool:
@@ -49,11 +60,28 @@ def _last_two_swapped(b, k) -> bool:
     return len(perm) == nd and tuple(d % nd for d in perm) == tuple(range(nd - 2)) + (nd - 1, nd - 2)
 
 
-def _match(b, producer, consumers, outputs):
-    """(q, k, v, mask, scale, the bound symbols the call replaces) for the chain ending at matmul b,
-    or None (NOTE [attention written out])."""
-    from .attention import declined
+def _same(b) -> bool:
+    """Is b a cast that changes nothing (Bloom's softmax(..., dtype=float32).to(float32))?"""
+    x, out = (b.args[0] if b.args else None), b.output
+    return (isinstance(x, TensorProxy) and isinstance(out, TensorProxy) and x.dtype == out.dtype
+            and x.device == out.device and tuple(x.shape) == tuple(out.shape))
 
+
+def _flat_view(b, x, lead) -> bool:
+    """Is b a view or reshape of x between (batch, heads, ...) and (batch * heads, ...)? lead: the 4-D
+    side's (batch, heads)."""
+    y = b.output
+    if b.sym.id not in _VIEWS or not isinstance(y, TensorProxy) or not isinstance(x, TensorProxy):
+        return False
+    four, three = (x, y) if x.ndim == 4 else (y, x)
+    return (four.ndim == 4 and three.ndim == 3 and tuple(four.shape[:2]) == tuple(lead)
+            and four.shape[0] * four.shape[1] == three.shape[0] and tuple(four.shape[2:]) == tuple(three.shape[1:]))
+
+
+def _match(b, producer, consumers, outputs):
+    """(q, k, v, mask, scale, the bound symbols the call replaces, filled, flat, bias) for the chain ending
+    at matmul b, or None (NOTE [attention written out]).  flat: (batch, heads) where the chain runs on
+    (batch * heads, T, T) views (Bloom's bmm); bias: (tensor, beta) a baddbmm adds to the scores."""
     def only_feeds(p, b2):
         return (isinstance(p, TensorProxy) and p.name not in outputs
                 and [id(c) for c in consumers.get(p.name, ())] == [id(b2)])
@@ -64,9 +92,22 @@ def _match(b, producer, consumers, outputs):
     chain = [b]
     prev = b
     pb = producer.get(p.name)
-    if pb is not None and pb.sym.id == _DROPOUT:  # dropout(p, 0.0, training, inplace)
-        prob = pb.args[1] if len(pb.args) > 1 else pb.kwargs.get("p", 0.5)
-        if not (isinstance(prob, Number) and prob == 0) or not only_feeds(p, prev):
+    flat = None
+    if p.ndim == 3:  # bmm(probs.view(batch * heads, T, T), v): the chain below is 4-D
+        if pb is None or not isinstance(pb.args[0], TensorProxy) or pb.args[0].ndim != 4 or v.ndim != 3:
+            return None
+        flat = tuple(pb.args[0].shape[:2])
+        if not _flat_view(pb, pb.args[0], flat) or not only_feeds(p, prev):
+            return None
+        chain.append(pb)
+        prev, p = pb, pb.args[0]
+        pb = producer.get(p.name)
+    while pb is not None and (pb.sym.id == _DROPOUT or (pb.sym.id in _CASTS and _same(pb))):
+        if pb.sym.id == _DROPOUT:  # dropout(p, 0.0, training, inplace)
+            prob = pb.args[1] if len(pb.args) > 1 else pb.kwargs.get("p", 0.5)
+            if not (isinstance(prob, Number) and prob == 0):
+                return None
+        if not only_feeds(p, prev):
             return None
         chain.append(pb)
         prev, p = pb, pb.args[0]
@@ -77,7 +118,8 @@ def _match(b, producer, consumers, outputs):
     dim = pb.args[1] if len(pb.args) > 1 else pb.kwargs.get("dim")
     if not isinstance(s, TensorProxy) or not isinstance(dim, int) or dim % s.ndim != s.ndim - 1:
         return None
-    if pb.kwargs.get("dtype") not in (None, s.dtype):
+    want = pb.kwargs.get("dtype")
+    if want is not None and dtypes.to_dtype(want) != s.dtype:  # a softmax in another dtype than the scores'
         return None
     chain.append(pb)
     prev, sb = pb, producer.get(s.name)
@@ -96,7 +138,8 @@ def _match(b, producer, consumers, outputs):
         for x, m in (sb.args[:2], sb.args[1::-1]):
             xb = producer.get(x.name) if isinstance(x, TensorProxy) else None
             if (xb is not None and isinstance(m, TensorProxy) and tuple(x.shape) == tuple(s.shape)
-                    and (xb.sym.id == _MATMUL or xb.sym.id in _DIVIDES + _MULTIPLIES)):
+                    and (xb.sym.id == _MATMUL or xb.sym.id in _DIVIDES + _MULTIPLIES
+                         or (flat is not None and xb.sym.id in _VIEWS))):
                 mask, s = m, x
                 break
         else:
@@ -117,27 +160,81 @@ def _match(b, producer, consumers, outputs):
             return None
         chain.append(sb)
         prev, sb = sb, producer.get(s.name)
-    if sb is None or sb.sym.id != _MATMUL or not only_feeds(s, prev) or len(sb.args) != 2:
+    bias = None
+    if flat is not None:  # the 4-D scores are a view of bmm(q, k^T) or baddbmm(bias, q, k^T), all 3-D
+        if sb is None or not only_feeds(s, prev) or not _flat_view(sb, sb.args[0], flat):
+            return None
+        chain.append(sb)
+        prev, s = sb, sb.args[0]
+        sb = producer.get(s.name)
+        if sb is not None and sb.sym.id == _BADDBMM and only_feeds(s, prev) and len(sb.args) >= 3:
+            extra = dict(zip(("beta", "alpha"), sb.args[3:5]), **sb.kwargs)
+            beta, alpha = extra.get("beta", 1), extra.get("alpha", 1)
+            x = sb.args[0]
+            if (scale != 1.0 or extra.get("out") is not None or not isinstance(beta, Number)
+                    or not isinstance(alpha, Number) or not isinstance(x, TensorProxy) or x.ndim != 3
+                    or x.shape[0] not in (1, s.shape[0])):
+                return None  # a scaling after baddbmm would scale its bias too
+            bias, scale = (x, beta), float(alpha)
+            chain.append(sb)
+            q, kt = sb.args[1:3]
+        elif sb is not None and sb.sym.id in (_BMM, _MATMUL) and only_feeds(s, prev) and len(sb.args) == 2:
+            chain.append(sb)
+            q, kt = sb.args
+        else:
+            return None
+    elif sb is None or sb.sym.id != _MATMUL or not only_feeds(s, prev) or len(sb.args) != 2:
         return None
-    q, kt = sb.args
+    else:
+        q, kt = sb.args
+        chain.append(sb)
     kb = producer.get(kt.name) if isinstance(kt, TensorProxy) else None
     if kb is None or kb.sym.id not in _TRANSPOSES or not isinstance(kb.args[0], TensorProxy):
         return None
     k = kb.args[0]
     if not isinstance(q, TensorProxy) or not _last_two_swapped(kb, k):
         return None
-    chain.append(sb)
-    if only_feeds(kt, sb):
+    if only_feeds(kt, chain[-1]):
         chain.append(kb)
     if fill is not None:  # declined() sees the boolean mask the call will take: its shape and dtype
-        if fill.dtype != dtypes.bool8:
+        if fill.dtype != dtypes.bool8 or bias is not None:
             return None
         mask = fill
-    if declined(q, k, v, mask, 0.0, False, scale=scale) not in (None, ""):
+    if not _takes(q, k, v, mask, bias, scale, flat):
         return None
     if tuple(q.shape[:-1]) + (v.shape[-1],) != tuple(b.output.shape):
         return None
-    return q, k, v, mask, scale, chain, fill is not None
+    return q, k, v, mask, scale, chain, fill is not None, flat, bias
+
+
+def _takes(q, k, v, mask, bias, scale, flat) -> bool:
+    """Does the fused kernel take the call the chain becomes (attention.declined, on the 4-D inputs and
+    the one mask it is given)?"""
+    from thunder.core.trace import detached_trace
+
+    from .attention import declined
+
+    if flat is None:
+        return declined(q, k, v, mask, 0.0, False, scale=scale) in (None, "")
+    if any(t.ndim != 3 or t.shape[0] != flat[0] * flat[1] for t in (q, k, v)):
+        return False
+    with detached_trace():
+        q4, k4, v4 = (TensorProxy(like=t, shape=flat + tuple(t.shape[1:])) for t in (q, k, v))
+        m4 = None
+        if mask is not None or bias is not None:
+            parts = [m for m in (mask, bias and bias[0]) if m is not None]
+            if any(m.dtype != q.dtype or m.requires_grad for m in parts):
+                return False
+            if mask is not None and (mask.ndim != 4 or not _broadcasts_to(mask.shape, flat + (q.shape[1], k.shape[1]))):
+                return False
+            if bias is not None and not _broadcasts_to(bias[0].shape, (q.shape[0], q.shape[1], k.shape[1])):
+                return False
+            m4 = TensorProxy(like=parts[0], shape=flat + (q.shape[1], k.shape[1]), requires_grad=False)
+        return declined(q4, k4, v4, m4, 0.0, False, scale=scale) in (None, "")
+
+
+def _broadcasts_to(shape, target) -> bool:
+    return len(shape) == len(target) and all(a in (1, t) for a, t in zip(shape, target))
 
 
 def match_attention(trace):
@@ -145,6 +242,8 @@ def match_attention(trace):
     [attention written out]); the trace itself where none matched."""
     import thunder.torch as ltorch
     from thunder.core.trace import from_trace, reset_tracectx, set_tracectx
+
+    from .attention import biased_attention
 
     if not any(b.sym.id == _SOFTMAX for b in trace.bound_symbols):
         return trace, 0
@@ -158,7 +257,7 @@ def match_attention(trace):
             consumers.setdefault(a, []).append(b)
     matches, replaced = {}, set()
     for b in trace.bound_symbols:
-        if b.sym.id == _MATMUL and isinstance(b.output, TensorProxy):
+        if b.sym.id in (_MATMUL, _BMM) and isinstance(b.output, TensorProxy):
             m = _match(b, producer, consumers, outputs)
             if m is not None and not any(id(x) in replaced for x in m[5]):
                 matches[id(b)] = m
@@ -174,13 +273,27 @@ def match_attention(trace):
                 if id(b) not in replaced:
                     new.bound_symbols.append(b)
                 continue
-            q, k, v, mask, scale, _, filled = m
+            q, k, v, mask, scale, _, filled, flat, bias = m
             scope = []
             new.push_scope(scope)
             try:
                 if filled:  # the positions masked_fill set to -inf take no part: a boolean mask of the others
                     mask = ltorch.logical_not(mask)
-                out = ltorch.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=scale)
+                if flat is not None:  # (batch * heads, T, d) -> (batch, heads, T, d), and back after
+                    q, k, v = (ltorch.reshape(t, flat + tuple(t.shape[1:])) for t in (q, k, v))
+                if bias is not None:  # baddbmm's beta * bias, added to the scaled scores before the mask
+                    x, beta = bias
+                    x = ltorch.reshape(x, (flat if x.shape[0] != 1 else (1, 1)) + tuple(x.shape[1:]))
+                    x = x if beta == 1 else ltorch.mul(x, beta)
+                    if x.device.type == "cpu":  # attention.py NOTE [an attention bias beside the mask]
+                        out = biased_attention(q, k, v, mask, x, scale)
+                    else:
+                        out = ltorch.scaled_dot_product_attention(
+                            q, k, v, x if mask is None else ltorch.add(x, mask), 0.0, False, scale=scale)
+                else:
+                    out = ltorch.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=scale)
+                if flat is not None:
+                    out = ltorch.reshape(out, (flat[0] * flat[1],) + tuple(out.shape[2:]))
             finally:
                 new.pop_scope()
             swap = {variableify(out): b.output}
