@@ -10,18 +10,21 @@ within float tolerance where its regions are compiled (executors=["torchcompile"
 checks that memfuse planned each trace (its `_memfuse_info`), so a pass that silently did nothing
 fails here.
 
-Two more families (NOTE [stateful programs], NOTE [recompute next to writes]): training steps of
-modules that update buffers and parameters in place, and programs built so that recomputation copies
-ops next to in-place writes.
+Three more families (NOTE [stateful programs], NOTE [recompute next to writes], NOTE [attention
+programs]): training steps of modules that update buffers and parameters in place, programs built so
+that recomputation copies ops next to in-place writes, and the plain programs with attention among their
+ops (compared within float tolerance: memfuse runs it on fused kernels, plain Thunder decomposes it).
 
     python tests/fuzz_programs.py --programs 3000 --seconds 1800 [--executors torchcompile]
     python tests/fuzz_programs.py --family stateful --programs 200 [--executors torchcompile]
+    python tests/fuzz_programs.py --family attention --programs 500 [--executors torchcompile]
 
 tests/test_fuzz.py runs a seeded, time-bounded slice of each in the test command.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -45,12 +48,27 @@ _VIEWS = ["{x}[:, :]", "{x}.t()", "{x}.view(N, N)", "{x}.view(-1).view(N, N)", "
 # partial views, targets of in-place ops
 _PARTS = ["{x}[:, : N // 2]", "{x}[N // 3:]", "{x}.diagonal()", "{x}[0]", "{x}.t()[:, 1:]"]
 _INPLACE = ["{t}.add_({y})", "{t}.mul_(0.5)", "{t}.sin_()", "{t}.relu_()", "{t}.copy_({y})", "{t}.clamp_(-0.5, 0.5)"]
+# NOTE [attention programs]: the attention family's ops, whose masks and biases are values the program made
+# (so they may need a gradient that no proxy announces): scaled_dot_product_attention (masked, causal, plain),
+# and the chains attention_match.py rewrites (BERT's written out, Bloom's baddbmm over 3-D views)
+_ATTENTION = [
+    "F.scaled_dot_product_attention({x}.view(1, 1, N, N), {y}.view(1, 1, N, N), {z}.view(1, 1, N, N), "
+    "attn_mask={m}.view(1, 1, N, N)).view(N, N)",
+    "F.scaled_dot_product_attention({x}.view(1, 1, N, N), {y}.view(1, 1, N, N), {z}.view(1, 1, N, N), "
+    "is_causal=True).view(N, N)",
+    "(torch.softmax(({x}.view(1, 1, N, N) @ {y}.view(1, 1, N, N).transpose(-1, -2)) / 3 + {m}.view(1, 1, N, N), -1)"
+    " @ {z}.view(1, 1, N, N)).view(N, N)",
+    "torch.bmm(torch.softmax({m}[0].view(1, 1, N).baddbmm({x}.view(1, N, N), {y}.view(1, N, N).transpose(-1, -2), "
+    "beta=1.0, alpha=0.3).view(1, 1, N, N) + {w}.view(1, 1, N, N), -1, dtype=torch.float32).to(torch.float32)"
+    ".view(1, N, N), {z}.view(1, N, N)).view(N, N)",
+]
 
 
 @dataclass
 class Program:
     seed: int
     grad: bool
+    attention: bool = False
     lines: list = field(default_factory=list)
     fn: object = None
 
@@ -61,16 +79,20 @@ class Program:
         return "\n".join(self.lines)
 
 
-def make_program(seed: int) -> Program:
+def make_program(seed: int, attention: bool = False) -> Program:
+    """attention: the attention family (NOTE [attention programs]), compared within float tolerance."""
     rng = random.Random(seed)
-    p = Program(seed=seed, grad=rng.random() < 0.4)
+    p = Program(seed=seed, grad=rng.random() < 0.4, attention=attention)
     vals = ["a", "b"]
     computed = []  # intermediates (targets for in-place ops)
     body = []
     for _ in range(rng.randrange(4, 14)):
         r = rng.random()
         x, y = rng.choice(vals), rng.choice(vals)
-        if r < 0.25:
+        if attention and r < 0.2:
+            z, m, w = (rng.choice(vals) for _ in range(3))
+            expr = rng.choice(_ATTENTION).format(x=x, y=y, z=z, m=m, w=w)
+        elif r < 0.25:
             expr = rng.choice(_UNARY).format(x=x)
         elif r < 0.5:
             expr = rng.choice(_BINARY).format(x=x, y=y)
@@ -104,7 +126,7 @@ def make_program(seed: int) -> Program:
     body.append(f"return ({', '.join(outs)},)")
     p.lines = ["def program(a, b):"] + ["    " + ln for ln in body]
     src = "\n".join(p.lines) + "\n"
-    ns = {"torch": torch, "N": N}
+    ns = {"torch": torch, "N": N, "F": torch.nn.functional}
     exec(compile(src, f"<fuzz program {seed}>", "exec"), ns)
     p.fn = ns["program"]
     return p
@@ -197,7 +219,7 @@ def check(p: Program, executors=None, memory_budget="auto") -> Outcome:
             ours = _run(jm, p)
     except Exception as e:
         return Outcome("error", f"{type(e).__name__}: {str(e)[:300]}")
-    if not _close(ours, plain, exact=not executors):
+    if not _close(ours, plain, exact=not executors and not p.attention):  # fused attention: a kernel of its own
         return Outcome("mismatch", "memfuse's results differ from plain Thunder's")
     kinds = ["forward"] + (["backward"] if p.grad and thunder.last_backward_traces(jm) else [])
     for kind, getter in (("forward", thunder.last_traces), ("backward", thunder.last_backward_traces)):
@@ -208,11 +230,12 @@ def check(p: Program, executors=None, memory_budget="auto") -> Outcome:
 
 def fuzz(seeds, *, seconds=None, executors=None, log=None, family="plain", memory_budget="auto"):
     """Check programs of the given seeds until done or `seconds` pass; {status: [(seed, detail)]}.
-    family: "plain" (make_program), "stateful" or "recompute" (fuzz_stateful.py); memory_budget:
+    family: "plain" or "attention" (make_program), "stateful" or "recompute" (fuzz_stateful.py); memory_budget:
     MemFuse's."""
     import fuzz_stateful
 
-    make, chk = {"plain": (make_program, check), "stateful": (fuzz_stateful.make_stateful, fuzz_stateful.check),
+    make, chk = {"plain": (make_program, check), "attention": (functools.partial(make_program, attention=True), check),
+                 "stateful": (fuzz_stateful.make_stateful, fuzz_stateful.check),
                  "recompute": (fuzz_stateful.make_recompute, fuzz_stateful.check)}[family]
     t0 = time.monotonic()
     out: dict = {}
@@ -233,7 +256,7 @@ def main(argv=None):
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--executors", nargs="*", default=None, help="e.g. torchcompile")
-    ap.add_argument("--family", choices=("plain", "stateful", "recompute"), default="plain")
+    ap.add_argument("--family", choices=("plain", "attention", "stateful", "recompute"), default="plain")
     ap.add_argument("--memory-budget", type=int, default=None, help="MemFuse(memory_budget=) in bytes")
     a = ap.parse_args(argv)
     res = fuzz(range(a.first_seed, a.first_seed + a.programs), seconds=a.seconds, executors=a.executors,

@@ -151,7 +151,7 @@ def test_the_checker_leaves_cuda_and_declines_what_it_cannot_run():
         assert "4-D" in attention.declined(q3, q3, q3)
         assert "value head size" in attention.declined(q, q, vi)
         assert "dtype" in attention.declined(q, q, q, m16)
-        assert "gradient" in attention.declined(q, q, q, mg)
+        assert attention.declined(q, q, q, mg) is None  # its gradient: NOTE [a mask's gradient]
         assert "is_causal" in attention.declined(q, q, q, m32, 0.0, True)
         assert "3-D attention mask" in attention.declined(q, q, q, m3)
         assert attention.declined(q, q, q, m32) is None and attention.declined(q, q, q, None, 0.0, True) is None
@@ -184,3 +184,99 @@ def test_plain_thunder_without_memfuse_is_untouched():
     jm2 = thunder.jit(model, transforms=[MemFuse()])
     _step(model, jm2)
     assert thunder.compile_data(jm2).executors_list[0].name == attention.NAME
+
+
+class LearnedBias(torch.nn.Module):
+    """A mask made from parameters: a relative position bias gathered from a table (Swin's, T5's), handed
+    to scaled_dot_product_attention; and a constant mask beside it, which needs no gradient."""
+
+    def __init__(self, constant=False):
+        super().__init__()
+        self.qkv = torch.nn.Linear(E, 3 * H * E)
+        table = torch.randn(2 * T - 1, H) * 0.5
+        if constant:
+            self.register_buffer("table", table)
+        else:
+            self.table = torch.nn.Parameter(table)
+        pos = torch.arange(T)
+        self.register_buffer("index", (pos[:, None] - pos[None, :] + T - 1).reshape(-1))
+
+    def forward(self, x, mem):
+        q, k, v = self.qkv(x).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
+        mask = self.table[self.index].view(T, T, H).permute(2, 0, 1).unsqueeze(0)
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask).tanh() * 2).sum()
+
+
+@pytest.mark.parametrize("constant", [False, True], ids=["learned", "constant"])
+def test_a_mask_made_from_parameters_gets_its_gradient(constant):
+    """NOTE [a mask's gradient]: before differentiation an intermediate's proxy never says it needs a
+    gradient, so the fused call gives every float mask one, from the probabilities recomputed in the
+    backward; where nothing needs it (a mask from a buffer) no tokens x tokens tensor is made there."""
+    from thunder.core.proxies import TensorProxy
+
+    torch.manual_seed(0)
+    model = LearnedBias(constant)
+    eager = copy.deepcopy(model)
+    want = _step(eager, eager)
+    jm = thunder.jit(model, transforms=[MemFuse(strict=True)])
+    got = _step(model, jm)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert attention.attention_summary(thunder.compile_data(jm))["fused"] == 1
+    bw = thunder.last_backward_traces(jm)[-1]
+    square = [b.sym.name for b in bw.bound_symbols for o in b.flat_proxy_outs  # made there, not saved
+              if isinstance(o, TensorProxy) and o.ndim == 4 and tuple(o.shape[-2:]) == (T, T)
+              and not b.sym.name.startswith("unpack")]
+    assert bool(square) == (not constant), square
+    if not constant:
+        assert model.table.grad is not None and model.table.grad.abs().sum() > 0
+
+
+def test_inputs_whose_rows_are_not_dense_take_the_kernel_with_eagers_numbers():
+    """A transposed query (its last dimension strided) is read row by row by the fused kernels, which
+    torch's own sdpa never hands them: they get dense copies (the fuzzer found garbage here)."""
+    def f(a, b, c):
+        q = a.transpose(-1, -2)  # (B, H, T, T): rows strided
+        return F.scaled_dot_product_attention(q, b, c, attn_mask=c[..., :1].expand(B, H, T, T).mT).sin()
+
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(B, H, T, T, generator=g, requires_grad=True) for _ in range(3))
+    want = f(a, b, c)
+    want.sum().backward()
+    grads = [t.grad.clone() for t in (a, b, c)]
+    for t in (a, b, c):
+        t.grad = None
+    jf = thunder.jit(f, transforms=[MemFuse(strict=True)])
+    got = jf(a, b, c)
+    got.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for t, w in zip((a, b, c), grads):
+        torch.testing.assert_close(t.grad, w, rtol=1e-4, atol=1e-5)
+    assert "memfuse_sdpa_cpu_backward" in _ops(thunder.last_backward_traces(jf)[-1])
+
+
+@pytest.mark.parametrize("written", ["output", "mask"])
+def test_what_the_backward_reads_again_is_kept_apart_from_later_writes(written):
+    """NOTE [attention read again] (attention_match.py): the fused backward reads the call's output and
+    mask; a program that writes one of them in place afterwards (which eager's math path allows) still
+    gets eager's gradients, through a copy, and the call stays fused."""
+    def f(x, m):
+        q = x.view(B, H, T, E)
+        mask = m * 1.0
+        out = F.scaled_dot_product_attention(q, q.sin(), q.cos(), attn_mask=mask)
+        (out if written == "output" else mask).mul_(0.5)
+        return out.sum() + mask.sum()
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B * H * T * E, generator=g, requires_grad=True)
+    m = torch.randn(T, T, generator=g, requires_grad=True)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        f(x, m).backward()
+    want = [x.grad.clone(), m.grad.clone()]
+    x.grad = m.grad = None
+    jf = thunder.jit(f, transforms=[MemFuse(strict=True)])
+    jf(x, m).backward()
+    torch.testing.assert_close(x.grad, want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(m.grad, want[1], rtol=1e-4, atol=1e-5)
+    assert "memfuse_sdpa_cpu_backward" in _ops(thunder.last_backward_traces(jf)[-1])
+    assert any("clone" in _ops(t) for t in thunder.last_traces(jf))

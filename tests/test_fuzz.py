@@ -92,3 +92,12 @@ def test_programs_with_saved_tensors_rebuilt_under_a_tight_memory_budget():
         _check(res, n, least_ok=3)
         rebuilt += sum(1 for _, d in res["ok"] if d.startswith("rebuilt"))
     assert rebuilt >= 2, "no program rebuilt a saved tensor: the test says nothing about the saved set"
+
+
+# NOTE [attention programs]: scaled_dot_product_attention and the chains memfuse rewrites into it, with
+# masks and biases the program made (their gradients), on views whose rows may be strided
+@pytest.mark.parametrize("executors", EXECUTORS, ids=["thunder", "torchcompile"])
+def test_programs_with_attention_match_plain_thunder(executors):
+    n = max(PROGRAMS // 20, 8) if executors else max(PROGRAMS // 8, 24)
+    res = fp.fuzz(range(40_000, 40_000 + n), seconds=SECONDS, executors=executors, family="attention")
+    _check(res, n)

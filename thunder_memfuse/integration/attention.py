@@ -17,11 +17,11 @@ blocks, which do not grow with T squared, are not counted.
 
 What the kernel cannot take falls back to Thunder's decomposition, with the reason logged once per
 process at WARNING on the `thunder_memfuse` logger and counted per compilation (report()'s
-"attention"): dropout (the CPU kernel has none), an attention mask that needs a gradient, inputs
-that are not 4-D, key/value heads or batch that neither equal the query's nor broadcast to them from
+"attention"): dropout (the CPU kernel has none), inputs that are not 4-D, key/value heads or batch that neither equal the query's nor broadcast to them from
 1 (grouped-query attention with k and v not repeated), a value head size unlike the query's,
 dtypes other than floating ones, a mask of another floating dtype than the query.  Boolean masks are
-turned into the additive mask eager uses (False: -inf).  A key and value of one head (or batch)
+turned into the additive mask eager uses (False: -inf); a float mask that needs a gradient gets it
+from the probabilities recomputed in the backward (NOTE [a mask's gradient]).  A key and value of one head (or batch)
 broadcast over the query's (multi-query attention: Falcon, GPTBigCode) are expanded, a view the
 kernels read by its strides; their gradients are the expanded ones' summed back (one query-sized
 tensor each, for a moment).  CUDA tensors are left to Thunder's own sdpa and cuDNN executors.
@@ -62,9 +62,17 @@ def _fwd_meta(query, key, value, attn_mask, is_causal, scale):
             TensorProxy(like=query, shape=(b, h, lq), dtype=lse_dtype, requires_grad=False))
 
 
+def _dense(*ts):
+    """Each tensor with its last dimension dense: the kernels read rows by pointer (torch's sdpa checks
+    this before it picks them and falls back otherwise; called directly, a transposed query reads
+    garbage)."""
+    return tuple(t if t is None or t.size(-1) <= 1 or t.stride(-1) == 1 else t.contiguous() for t in ts)
+
+
 def _fwd_impl(query, key, value, attn_mask, is_causal, scale):
+    query, key, value, mask = _dense(query, key, value, _float_mask(attn_mask, query.dtype))
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, 0.0, is_causal, attn_mask=_float_mask(attn_mask, query.dtype), scale=scale)
+        query, key, value, 0.0, is_causal, attn_mask=mask, scale=scale)
 
 
 sdpa_fwd = ex.register_operator("memfuse_sdpa_cpu_forward", meta=_fwd_meta, fn=_fwd_impl)
@@ -75,9 +83,9 @@ def _bwd_meta(grad, query, key, value, out, logsumexp, attn_mask, is_causal, sca
 
 
 def _bwd_impl(grad, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    grad, query, key, value, out, mask = _dense(grad, query, key, value, out, _float_mask(attn_mask, query.dtype))
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=_float_mask(attn_mask, query.dtype),
-        scale=scale)
+        grad, query, key, value, out, logsumexp, 0.0, is_causal, attn_mask=mask, scale=scale)
 
 
 sdpa_bwd = ex.register_operator("memfuse_sdpa_cpu_backward", meta=_bwd_meta, fn=_bwd_impl)
@@ -125,8 +133,6 @@ def declined(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
     if query.shape[-1] != key.shape[-1] or value.shape[-1] != query.shape[-1]:
         return "the value head size differs from the query's"
     if attn_mask is not None:
-        if attn_mask.requires_grad:
-            return "the attention mask needs a gradient"
         if is_causal:
             return "both is_causal and an attention mask"
         if attn_mask.dtype != dtypes.bool8 and attn_mask.dtype != query.dtype:
@@ -200,9 +206,41 @@ def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
     out, lse = sdpa_fwd(query, k, v, attn_mask, is_causal, scale)
     g = get_grad(out)
     gq, gk, gv = sdpa_bwd(g, query, k, v, out, lse, attn_mask, is_causal, scale)
-    # a mask that needs a gradient was declined
     put_grads((query, key, value), (gq, _summed(gk, key), _summed(gv, value)))
+    _put_mask_grads(g, query, k, v, scale, attn_mask)
     return out
+
+
+def _put_mask_grads(g, query, key, value, scale, *masks):
+    """NOTE [a mask's gradient]  The kernels give no gradient for an additive mask, and before Thunder
+    differentiates a trace its proxies do not say which values need one (an intermediate's requires_grad
+    is False whatever it is made from): a mask made from a parameter (Swin's relative position bias,
+    a learned bias handed to scaled_dot_product_attention) would silently get none.  So each float mask
+    (and an attention bias beside it) is given its gradient, the scores' gradient summed to its shape,
+    made from the probabilities recomputed in the backward (a tokens x tokens tensor while it runs).
+    Where nothing needs it, nothing reads it and Thunder drops it with its ops: no mask from a padding
+    mask or a constant pays for it."""
+    masks = [m for m in masks if m is not None and dtypes.is_float_dtype(m.dtype)]
+    if not masks:
+        return
+    kt = ltorch.transpose(key, -2, -1)
+    sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    s = ltorch.mul(ltorch.matmul(query, kt), sc)
+    for m in masks:
+        s = ltorch.add(s, m)
+    p = ltorch.softmax(s, -1)
+    dp = ltorch.matmul(g, ltorch.transpose(value, -2, -1))
+    ds = ltorch.mul(p, ltorch.sub(dp, ltorch.sum(ltorch.mul(dp, p), -1, keepdim=True)))
+    put_grads(masks, [_reduced(ds, m) for m in masks])
+
+
+def _reduced(grad, x):
+    """A gradient of grad's shape summed to x's, which broadcasts to it."""
+    lead = grad.ndim - x.ndim
+    if lead:
+        grad = ltorch.sum(grad, list(range(lead)))
+    dims = [i for i in range(x.ndim) if x.shape[i] == 1 and grad.shape[i] != 1]
+    return ltorch.sum(grad, dims, keepdim=True) if dims else grad
 
 
 ex.register_implementation(ltorch.scaled_dot_product_attention, checker=_checker, execution_transform=_execution,
@@ -235,8 +273,9 @@ def _biased_meta(query, key, value, attn_mask, attn_bias, scale):
 
 def _biased_impl(query, key, value, attn_mask, attn_bias, scale):
     m = _kernel_mask(attn_mask, attn_bias, query.dtype)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, False,
-                                                                          attn_mask=m, scale=scale)
+    q, k, v, mask = _dense(query, key, value, m)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                          scale=scale)
     return out, lse, m
 
 
@@ -247,8 +286,9 @@ def _biased_bwd_meta(grad, query, key, value, out, logsumexp, attn_mask, attn_bi
 
 def _biased_bwd_impl(grad, query, key, value, out, logsumexp, attn_mask, attn_bias, scale):
     m = _kernel_mask(attn_mask, attn_bias, query.dtype)
+    grad, query, key, value, out, mask = _dense(grad, query, key, value, out, m)
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, query, key, value, out, logsumexp, 0.0, False, attn_mask=m, scale=scale) + (m,)
+        grad, query, key, value, out, logsumexp, 0.0, False, attn_mask=mask, scale=scale) + (m,)
 
 
 biased_fwd = ex.register_operator("memfuse_sdpa_cpu_biased_forward", meta=_biased_meta, fn=_biased_impl)
@@ -276,8 +316,10 @@ def _biased_grad(query, key, value, attn_mask, attn_bias, scale):
     _note(None, (query.name, key.name, value.name))
     k, v = _expanded(key, query), _expanded(value, query)
     out, lse, _ = biased_fwd(query, k, v, attn_mask, attn_bias, scale)
-    gq, gk, gv, _ = biased_bwd(get_grad(out), query, k, v, out, lse, attn_mask, attn_bias, scale)
+    g = get_grad(out)
+    gq, gk, gv, _ = biased_bwd(g, query, k, v, out, lse, attn_mask, attn_bias, scale)
     put_grads((query, key, value), (gq, _summed(gk, key), _summed(gv, value)))
+    _put_mask_grads(g, query, k, v, scale, attn_mask, attn_bias)
     return out
 
 

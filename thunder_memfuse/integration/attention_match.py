@@ -18,8 +18,8 @@ trace), whose `s` is `matmul(q, k^T)` (k^T a transpose or permute of k's last tw
 Python numbers (`/ c` or `* c`) and then, optionally, plus a mask or filled with -inf where a boolean
 tensor is true (nanoGPT's causal `masked_fill`: the call's boolean mask is its negation); every tensor in between is read by
 the next op alone and is no output (a model returning its attention probabilities keeps its chain);
-and the fused kernel takes the call (attention.declined: 4-D inputs of one floating dtype, a mask that
-needs no gradient, of the query's dtype and 2-D or 4-D).  A dropout of nonzero probability is never
+and the fused kernel takes the call (attention.declined: 4-D inputs of one floating dtype, a mask of the
+query's dtype and 2-D or 4-D).  A dropout of nonzero probability is never
 matched: the chain's own random draws stay the user's.  Anything else stays as written.
 
 Bloom writes the same chain over (batch * heads, T, T) views: `baddbmm(alibi, q, k^T, beta, alpha)`,
@@ -28,7 +28,8 @@ dropout and `bmm(probs viewed 3-D, v)`.  Such a chain (bmm or matmul for either 
 change nothing, the views between (batch * heads) and (batch, heads)) is matched as well: q, k and v are
 viewed 4-D, alpha is the scale, and beta * bias, viewed (batch, heads, 1, T), is an additive bias beside
 the mask (attention.py NOTE [an attention bias beside the mask]); the scores scaled after baddbmm (which
-would scale its bias) or a bias that needs a gradient keep the chain as written.
+would scale its bias) keep the chain as written.  A mask or bias made from parameters (Swin's relative
+position bias) gets its gradient as a mask handed to the call does (attention.py NOTE [a mask's gradient]).
 """
 from __future__ import annotations
 
@@ -223,7 +224,7 @@ def _takes(q, k, v, mask, bias, scale, flat) -> bool:
         m4 = None
         if mask is not None or bias is not None:
             parts = [m for m in (mask, bias and bias[0]) if m is not None]
-            if any(m.dtype != q.dtype or m.requires_grad for m in parts):
+            if any(m.dtype != q.dtype for m in parts):
                 return False
             if mask is not None and (mask.ndim != 4 or not _broadcasts_to(mask.shape, flat + (q.shape[1], k.shape[1]))):
                 return False
@@ -235,6 +236,80 @@ def _takes(q, k, v, mask, bias, scale, flat) -> bool:
 
 def _broadcasts_to(shape, target) -> bool:
     return len(shape) == len(target) and all(a in (1, t) for a, t in zip(shape, target))
+
+
+_CALLS = ("torch.nn.functional.scaled_dot_product_attention", "memfuse_sdpa_cpu_biased")
+
+
+def _writes(trace):
+    """({tensor name: its storage's first tensor's name}, {storage name: the last position an op writes
+    it in place}), through every op whose output may share an argument's storage (_aliases.aliases)."""
+    from .. import _C, _symbols
+    from ._aliases import aliases
+
+    root, last = {}, {}
+    for i, b in enumerate(trace.bound_symbols):
+        args = b.flat_proxy_args
+        if _symbols.effects(b) & _C.EFF_WRITES:
+            for a in args:
+                if isinstance(a, TensorProxy):
+                    last[root.get(a.name, a.name)] = i
+        for o, e in zip(b.flat_proxy_outs, aliases(b) or ()):
+            if e is not None and isinstance(o, TensorProxy) and isinstance(args[e[0]], TensorProxy):
+                root[o.name] = root.get(args[e[0]].name, args[e[0]].name)
+    return root, last
+
+
+def keep_apart_from_writes(trace):
+    """NOTE [attention read again]  The fused call's backward reads its output, q, k, v, mask and bias as
+    they were when it ran.  Eager's autograd refuses a program that writes one of them in place after the
+    call, but only where eager picked a kernel that saves it (its math path saves the probabilities
+    instead, and a chain written out by hand saves no output), and Thunder runs such a program: so where a
+    later op writes the storage of one of them, the call gets a copy made before it (an input) or hands
+    the program a copy of its result (the output), and its backward reads what it computed with.
+    Returns (trace, how many copies)."""
+    import thunder.torch as ltorch
+    from thunder.core.trace import from_trace, reset_tracectx, set_tracectx
+
+    calls = [i for i, b in enumerate(trace.bound_symbols) if b.sym.id in _CALLS or b.sym.name in _CALLS]
+    if not calls:
+        return trace, 0
+    root, last = _writes(trace)
+
+    def later(t, i):
+        return isinstance(t, TensorProxy) and last.get(root.get(t.name, t.name), -1) > i
+
+    if not any(later(t, i) for i in calls for t in (*trace.bound_symbols[i].flat_proxy_args,
+                                                    trace.bound_symbols[i].output)):
+        return trace, 0
+    new = from_trace(trace)
+    tok = set_tracectx(new)
+    swap, n = {}, 0
+    try:
+        for i, b in enumerate(trace.bound_symbols):
+            b = b.from_bsym_swap_proxies(swap) if swap else b
+            if i not in calls:
+                new.bound_symbols.append(b)
+                continue
+            scope = []
+            new.push_scope(scope)
+            try:
+                first = {t.name: t for t in b.flat_proxy_args if later(t, i)}  # each tensor once
+                before = {variableify(t): ltorch.clone(t) for t in first.values()}
+                out = b.output
+                after = ltorch.clone(out) if later(out, i) else None
+            finally:
+                new.pop_scope()
+            clones = [x for x in scope if x.sym.id != "torch.clone" or x.output is not after]
+            new.bound_symbols.extend(clones)
+            new.bound_symbols.append(b.from_bsym_swap_proxies(before) if before else b)
+            if after is not None:
+                new.bound_symbols.extend(x for x in scope if x.output is after)
+                swap[variableify(out)] = after
+            n += len(before) + (after is not None)
+    finally:
+        reset_tracectx(tok)
+    return new, n
 
 
 def match_attention(trace):

@@ -216,6 +216,7 @@ class MemFuse(_misuse.MisuseHints, Transform, metaclass=_MemFuseType):
         try:  # attention_match.py NOTE [attention written out]
             computation_trace, n = attention_match.match_attention(computation_trace)
             attention.note_written_out(get_compile_data(), n)
+            computation_trace, _ = attention_match.keep_apart_from_writes(computation_trace)  # NOTE [attention read again]
         except Exception as e:  # the chains stay as the user wrote them
             if self.strict:
                 raise MemFuseError(f"memfuse could not match attention written out: {e}") from e
