@@ -25,29 +25,34 @@
  * its sources, the takers are the storages of the class that an op given as
  * MF_FUSIBLE_POINTWISE allocates anywhere in the group and that leave it
  * (graph outputs or read after it); late ones are allocated at a position
- * >= r0, when a source's buffer is dead.  Where a class has exactly one
- * taker and it is late, it takes one source's buffer: the group counts that
- * class's bytes once less.  Where the class's sources are donated storages
- * only, the taker must be computed from one of them, by its op or through
- * values of the group no extern call stores (the compiler writes it in
- * place: a compiled program frees no input of its own, so a later
- * allocation never reuses one; measured on the seed's paths, where a relu
- * of an input beside a GEMM reading two dying results kept a buffer of its
- * own).  A taker before r0 blocks it: Inductor writes in place only over a
- * buffer with one reader left, and an earlier result of the size, in the
- * same kernel, may be another (the plan stays an upper bound).  With the
- * head among a class's sources, only takers no extern call reads (not marked
- * stored) may take it, as NOTE [stored heads] has always counted them: a
- * head's region whose result a GEMM reads was measured to keep more than the
- * model sees (a checkpointed Phi-3 MLP backward: the gate-up GEMM's
- * gradient, made through pads, is no in-place write).  Such a result still
- * blocks where it is early: a SwiGLU backward region (OLMo, checkpointed)
- * writes the up branch's gradient, which a GEMM reads next, and the SiLU
- * over the head in one kernel; both read the head, so neither writes over it,
- * and crediting the SiLU put the plan one tensor below its program.  A
- * donated input's taker may be read by an extern call afterwards (the
- * cross-entropy's gradient over the saved log-softmax, read by the LM head's
- * GEMMs).  Where it has two or more, nothing is credited: the kernel writing them may read the source while it writes
+ * >= r0, when a source's buffer is dead.  Where a class has exactly one late
+ * taker, it takes one source's buffer: the group counts that class's bytes
+ * once less.  Where the class's sources are donated storages only, that
+ * taker must be computed from one of them, by its op or through values of
+ * the group no extern call stores (the compiler writes it in place: a
+ * compiled program frees no input of its own, so a later allocation never
+ * reuses one; measured on the seed's paths, where a relu of an input beside
+ * a GEMM reading two dying results kept a buffer of its own); a result of
+ * the size made before r0 is not counted there (the in-place write needs
+ * only the source's last reader to be the taker, and an earlier result need
+ * not read it: blocking on one cost a checkpointed pre-LN step at 1024
+ * tokens 6 MiB of planned and measured peak, where the plan ignoring it
+ * equals its program).  With the head among a class's sources, a taker
+ * before r0 blocks it: Inductor writes in place only over a buffer with one
+ * reader left, and an earlier result of the size, in the same kernel, may be
+ * another (the plan stays an upper bound); and only takers no extern call
+ * reads (not marked stored) may take it, as NOTE [stored heads] has always
+ * counted them: a head's region whose result a GEMM reads was measured to
+ * keep more than the model sees (a checkpointed Phi-3 MLP backward: the
+ * gate-up GEMM's gradient, made through pads, is no in-place write).  Such a
+ * result still blocks where it is early: a SwiGLU backward region (OLMo,
+ * checkpointed) writes the up branch's gradient, which a GEMM reads next,
+ * and the SiLU over the head in one kernel; both read the head, so neither
+ * writes over it, and crediting the SiLU put the plan one tensor below its
+ * program.  A donated input's taker may be read by an extern call afterwards
+ * (the cross-entropy's gradient over the saved log-softmax, read by the LM
+ * head's GEMMs).  Where a class has two or more late takers, nothing is
+ * credited: the kernel writing them may read the source while it writes
  * (NOTE [stored heads]), and which of them the compiler gives it is its
  * choice; the plan stays an upper bound of what the program allocates.
  * Pointwise takers only: the compiler gives a dying buffer to a kernel
@@ -145,16 +150,16 @@ void mf_credit_begin(mf_credit *cr)
     cr->credit = 0;
 }
 
-/* the class's share of the credit: its bytes where it has a source and exactly one taker, a late one
- * (with the head among its sources, counting only takers that are no stored value, while an early
- * stored one still blocks: NOTE [reuse credit]) */
+/* the class's share of the credit: its bytes where it has a source and exactly one late taker (with
+ * the head among its sources: one that is no stored value, and no early taker of any kind; with
+ * donated sources only: one computed from a source; NOTE [reuse credit]) */
 static int64_t share(const mf_credit *cr, int32_t c)
 {
     int one;
     if (cr->cstamp[c] != cr->stamp || cr->tcstamp[c] != cr->stamp)
         return 0;
     one = cr->chead[c] == cr->stamp ? cr->cnp[c] == 1 && cr->clp[c] == 1 && cr->cl[c] == cr->cn[c]
-                                    : cr->cn[c] == 1 && cr->cd[c] == 1;
+                                    : cr->cl[c] == 1 && cr->cd[c] == 1;
     return one ? cr->pg->cbytes[c] : 0;
 }
 

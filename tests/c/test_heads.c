@@ -203,8 +203,9 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
     }
     for (s = 1; s < HVMAX; s++) /* two results of a size: each gets a buffer of its own */
         if (r0[s] >= 0 && (s == headc ? plain[s] == 1 && plate[s] == 1 && late[s] == takers[s]
-                                    : takers[s] == 1 && direct[s] == 1))
-            credit += 8 * (int64_t)s; /* with the head: unstored ones, and no early taker of any kind */
+                                    : late[s] == 1 && direct[s] == 1))
+            credit += 8 * (int64_t)s; /* with the head: unstored ones, and no early taker of any kind;
+                                       * donated only: one late one, made from a source */
     return credit;
 }
 
