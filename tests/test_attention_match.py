@@ -92,7 +92,11 @@ EXECUTORS = [None, pytest.param(["torchcompile"], marks=pytest.mark.skipif(
 def _against_eager(kw, executors):
     """(the jitted Written(**kw), its attention summary) after one step whose gradients equal eager's."""
     torch.manual_seed(0)
-    model = Written(**kw)
+    return _model_against_eager(Written(**kw), executors)
+
+
+def _model_against_eager(model, executors):
+    """(the jitted model, its attention summary) after one step whose gradients equal eager's."""
     eager = copy.deepcopy(model)
     want = _step(eager, eager)
     jm = _jit(model, executors)
@@ -180,16 +184,6 @@ class Biased(torch.nn.Module):
         return (out.tanh() * 2).sum()
 
 
-def _biased_step(model, executors):
-    eager = copy.deepcopy(model)
-    want = _step(eager, eager)
-    jm = _jit(model, executors)
-    got = _step(model, jm)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    return jm, attention.attention_summary(thunder.compile_data(jm))
-
-
 @pytest.mark.parametrize("executors", EXECUTORS, ids=["thunder", "torchcompile"])
 def test_an_alibi_bias_added_by_baddbmm_runs_fused_and_saves_no_sum(executors):
     """Bloom's chain runs as memfuse_sdpa_cpu_biased (attention.py NOTE [an attention bias beside the
@@ -197,7 +191,7 @@ def test_an_alibi_bias_added_by_baddbmm_runs_fused_and_saves_no_sum(executors):
     from thunder.core.vjp_utils import get_saved_for_backward_tensors
 
     torch.manual_seed(0)
-    jm, summary = _biased_step(Biased(), executors)
+    jm, summary = _model_against_eager(Biased(), executors)
     assert summary["written_out"] == 1 and summary["fused"] >= 1 and summary["decomposed"] == [], summary
     bw = thunder.last_backward_traces(jm)[-1]
     assert "memfuse_sdpa_cpu_biased_backward" in [b.sym.name for b in bw.bound_symbols]
@@ -210,7 +204,7 @@ def test_a_bias_that_needs_a_gradient_gets_it():
     eager's."""
     torch.manual_seed(0)
     model = Biased(bias_grad=True)
-    jm, summary = _biased_step(model, None)
+    jm, summary = _model_against_eager(model, None)
     assert summary["written_out"] == 1, summary
     assert model.bias.grad is not None and model.bias.grad.abs().sum() > 0
 
@@ -238,7 +232,7 @@ def test_a_relative_position_bias_gets_its_gradient():
     """Swin's chain runs fused and its bias table's gradient is eager's (it was silently lost once)."""
     torch.manual_seed(0)
     model = RelativeBias()
-    jm, summary = _biased_step(model, None)
+    jm, summary = _model_against_eager(model, None)
     assert summary["written_out"] == 1, summary
     assert model.table.grad is not None and model.table.grad.abs().sum() > 0
 
@@ -248,6 +242,6 @@ def test_a_relative_position_bias_gets_its_gradient():
 ])
 def test_a_biased_chain_that_is_not_exactly_attention_stays_as_written(kw, why):
     torch.manual_seed(0)
-    jm, summary = _biased_step(Biased(**kw), None)
+    jm, summary = _model_against_eager(Biased(**kw), None)
     assert not summary or summary["written_out"] == 0, (why, summary)
     assert any(b.sym.name in ("_softmax", "softmax") for b in thunder.last_traces(jm)[0].bound_symbols), why
