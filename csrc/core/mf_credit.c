@@ -35,9 +35,9 @@
  * a GEMM reading two dying results kept a buffer of its own); a result of
  * the size made before r0 is not counted there (the in-place write needs
  * only the source's last reader to be the taker, and an earlier result need
- * not read it: blocking on one cost a checkpointed pre-LN step at 1024
- * tokens 6 MiB of planned and measured peak, where the plan ignoring it
- * equals its program).  With the head among a class's sources, a taker
+ * not read it: blocking on one raised a checkpointed pre-LN step's planned
+ * and measured peak by three activations, where the plan ignoring it equals
+ * its program).  With the head among a class's sources, a taker
  * before r0 blocks it: Inductor writes in place only over a buffer with one
  * reader left, and an earlier result of the size, in the same kernel, may be
  * another (the plan stays an upper bound); and only takers no extern call
