@@ -273,10 +273,7 @@ def _biased_meta(query, key, value, attn_mask, attn_bias, scale):
 
 def _biased_impl(query, key, value, attn_mask, attn_bias, scale):
     m = _kernel_mask(attn_mask, attn_bias, query.dtype)
-    q, k, v, mask = _dense(query, key, value, m)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                          scale=scale)
-    return out, lse, m
+    return (*_fwd_impl(query, key, value, m, False, scale), m)
 
 
 def _biased_bwd_meta(grad, query, key, value, out, logsumexp, attn_mask, attn_bias, scale):
@@ -286,9 +283,7 @@ def _biased_bwd_meta(grad, query, key, value, out, logsumexp, attn_mask, attn_bi
 
 def _biased_bwd_impl(grad, query, key, value, out, logsumexp, attn_mask, attn_bias, scale):
     m = _kernel_mask(attn_mask, attn_bias, query.dtype)
-    grad, query, key, value, out, mask = _dense(grad, query, key, value, out, m)
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, query, key, value, out, logsumexp, 0.0, False, attn_mask=mask, scale=scale) + (m,)
+    return (*_bwd_impl(grad, query, key, value, out, logsumexp, m, False, scale), m)
 
 
 biased_fwd = ex.register_operator("memfuse_sdpa_cpu_biased_forward", meta=_biased_meta, fn=_biased_impl)

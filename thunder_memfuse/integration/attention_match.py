@@ -40,6 +40,7 @@ import thunder.core.dtypes as dtypes
 from thunder.core.proxies import TensorProxy, variableify
 
 from .._options import LOG
+from .._symbols import is_view
 
 _MATMUL, _SOFTMAX, _DROPOUT = "torch.matmul", "torch.softmax", "torch.nn.functional.dropout"
 _DIVIDES, _MULTIPLIES, _ADD = ("torch.true_divide", "torch.div"), ("torch.mul",), "torch.add"
@@ -47,7 +48,6 @@ _TRANSPOSES = ("torch.transpose", "torch.permute")
 _MASKED_FILL = "torch.masked_fill"
 _BMM, _BADDBMM = "torch.bmm", "torch.baddbmm"
 _VIEWS = ("torch.Tensor.view", "torch.reshape", "torch.Tensor.reshape")
-_CASTS = ("torch.Tensor.to", "torch.Tensor.type", "torch.Tensor.type_as")
 
 
 def _last_two_swapped(b, k) -> bool:
@@ -59,13 +59,6 @@ def _last_two_swapped(b, k) -> bool:
     perm = b.args[1:] if len(b.args) > 2 else (b.args[1] if len(b.args) > 1 else None)
     perm = tuple(perm[0]) if perm and isinstance(perm[0], (tuple, list)) else tuple(perm or ())
     return len(perm) == nd and tuple(d % nd for d in perm) == tuple(range(nd - 2)) + (nd - 1, nd - 2)
-
-
-def _same(b) -> bool:
-    """Is b a cast that changes nothing (Bloom's softmax(..., dtype=float32).to(float32))?"""
-    x, out = (b.args[0] if b.args else None), b.output
-    return (isinstance(x, TensorProxy) and isinstance(out, TensorProxy) and x.dtype == out.dtype
-            and x.device == out.device and tuple(x.shape) == tuple(out.shape))
 
 
 def _flat_view(b, x, lead) -> bool:
@@ -103,7 +96,8 @@ def _match(b, producer, consumers, outputs):
         chain.append(pb)
         prev, p = pb, pb.args[0]
         pb = producer.get(p.name)
-    while pb is not None and (pb.sym.id == _DROPOUT or (pb.sym.id in _CASTS and _same(pb))):
+    # a dropout of probability 0, or a cast that changes nothing (Bloom's softmax(..., dtype=float32).to(float32))
+    while pb is not None and (pb.sym.id == _DROPOUT or (pb.sym.name in ("to", "type_as") and is_view(pb))):
         if pb.sym.id == _DROPOUT:  # dropout(p, 0.0, training, inplace)
             prob = pb.args[1] if len(pb.args) > 1 else pb.kwargs.get("p", 0.5)
             if not (isinstance(prob, Number) and prob == 0):
@@ -271,8 +265,10 @@ def keep_apart_from_writes(trace):
     import thunder.torch as ltorch
     from thunder.core.trace import from_trace, reset_tracectx, set_tracectx
 
+    from .. import _C, _symbols
+
     calls = [i for i, b in enumerate(trace.bound_symbols) if b.sym.id in _CALLS or b.sym.name in _CALLS]
-    if not calls:
+    if not calls or not any(_symbols.effects(b) & _C.EFF_WRITES for b in trace.bound_symbols[calls[0]:]):
         return trace, 0
     root, last = _writes(trace)
 
@@ -284,29 +280,28 @@ def keep_apart_from_writes(trace):
         return trace, 0
     new = from_trace(trace)
     tok = set_tracectx(new)
-    swap, n = {}, 0
+    swap, n, at = {}, 0, set(calls)
     try:
-        for i, b in enumerate(trace.bound_symbols):
-            b = b.from_bsym_swap_proxies(swap) if swap else b
-            if i not in calls:
+        for i, orig in enumerate(trace.bound_symbols):
+            b = orig.from_bsym_swap_proxies(swap) if swap else orig
+            if i not in at:
                 new.bound_symbols.append(b)
                 continue
-            scope = []
-            new.push_scope(scope)
+            # the original names say which storages are written later; b reads them under their copies' names
+            first = {t.name: t for t, o in zip(b.flat_proxy_args, orig.flat_proxy_args) if later(o, i)}
+            new.push_scope(new.bound_symbols)  # the inputs' copies, then the call reading them
             try:
-                first = {t.name: t for t in b.flat_proxy_args if later(t, i)}  # each tensor once
                 before = {variableify(t): ltorch.clone(t) for t in first.values()}
-                out = b.output
-                after = ltorch.clone(out) if later(out, i) else None
             finally:
                 new.pop_scope()
-            clones = [x for x in scope if x.sym.id != "torch.clone" or x.output is not after]
-            new.bound_symbols.extend(clones)
             new.bound_symbols.append(b.from_bsym_swap_proxies(before) if before else b)
-            if after is not None:
-                new.bound_symbols.extend(x for x in scope if x.output is after)
-                swap[variableify(out)] = after
-            n += len(before) + (after is not None)
+            if later(b.output, i):  # the program's copy of the output, which later ops read instead
+                new.push_scope(new.bound_symbols)
+                try:
+                    swap[variableify(b.output)] = ltorch.clone(b.output)
+                finally:
+                    new.pop_scope()
+            n += len(before) + later(b.output, i)
     finally:
         reset_tracectx(tok)
     return new, n
