@@ -195,8 +195,9 @@ def test_a_conversion_that_may_return_its_argument_shares_its_storage():
 def test_the_planner_counts_a_donated_input_as_given_back():
     """csrc/core/mf_credit.c NOTE [donated inputs], on a graph: a pointwise result of a fused group
     takes the buffer of a donatable input the group reads last, so the group counts it once; the
-    simulator agrees with the plan, and an input that is not donatable, read after the group, or
-    read through a view gives nothing back.  A bad id is an error that names the argument."""
+    simulator agrees with the plan, and an input that is not donatable, read after the group, read
+    through a view of other bytes or of another order, or read through two of its values from
+    outside the group gives nothing back.  A bad id is an error that names the argument."""
     from thunder_memfuse import _plan
 
     # x (input) -> a (op 0, runs alone) -> b (op 1, reads a) -> c (op 2, pointwise, reads b): a and c
@@ -213,11 +214,22 @@ def test_the_planner_counts_a_donated_input_as_given_back():
     ops2, vb2 = ops + [([1, 3], [4])], vb + [100]
     kw2 = dict(graph_inputs=[0], graph_outputs=[4], fusible=[False, True, 3, False])
     assert _plan.simulate(ops2, vb2, [0, 1, 2, 3], [[0], [1, 2], [3]], donatable=[1], **kw2)[1][1] == 200
-    # read through a view (value 4 aliases a): never donated
+    # read through a view of all its bytes that keeps their order (value 4 aliases a, and is marked
+    # donatable: a reshape): the group's one input, given back
     ops3 = [([0], [1]), ([1], [4]), ([4], [2]), ([2], [3])]
     kw3 = dict(graph_inputs=[0], graph_outputs=[3], fusible=[False, True, True, 3], aliases=[(4, 1)])
-    with_view = _plan.simulate(ops3, vb + [100], [0, 1, 2, 3], [[0], [1], [2, 3]], donatable=[1], **kw3)
-    assert with_view[1][2] == 200, with_view
+    with_view = _plan.simulate(ops3, vb + [100], [0, 1, 2, 3], [[0], [1], [2, 3]], donatable=[1, 4], **kw3)
+    assert with_view[1][2] == 100, with_view
+    # ... but not through a view of another order (not marked: a transpose) or of fewer bytes (a slice)
+    reordered = _plan.simulate(ops3, vb + [100], [0, 1, 2, 3], [[0], [1], [2, 3]], donatable=[1], **kw3)
+    sliced = _plan.simulate(ops3, vb + [50], [0, 1, 2, 3], [[0], [1], [2, 3]], donatable=[1, 4], **kw3)
+    assert (reordered[1][2], sliced[1][2]) == (200, 200), (reordered, sliced)
+    # the root and a view both read from outside the group are two inputs of its region, of which the
+    # caller donates neither; with the view made in the group, the root is its one input again
+    ops4 = [([0], [1]), ([1], [4]), ([4, 1], [2]), ([2], [3])]
+    two = _plan.simulate(ops4, vb + [100], [0, 1, 2, 3], [[0], [1], [2, 3]], donatable=[1, 4], **kw3)
+    one = _plan.simulate(ops4, vb + [100], [0, 1, 2, 3], [[0], [1, 2, 3]], donatable=[1, 4], **kw3)
+    assert (two[1][2], one[1][1]) == (200, 100), (two, one)
     with pytest.raises(ValueError, match="donatable"):
         _plan.plan(ops, vb, donatable=[7], **kw)
 

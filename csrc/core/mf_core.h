@@ -122,12 +122,13 @@ typedef struct mf_graph_desc {
      * waits as late as the graph and a memory bound allow (mf_comm.c NOTE
      * [collective overlap]). */
     const uint8_t *comm;
-    /* n_values; may be NULL (none).  donatable[v]: the storage whose root is
-     * v may be written over by the fused group that reads it last (the
-     * caller's compiler does so, and no one outside the graph holds it:
-     * Inductor's donated buffers).  Read on roots only; a storage also read
-     * through another of its values is never donated (mf_credit.c NOTE
-     * [donated inputs]). */
+    /* n_values; may be NULL (none).  donatable[v] on a root: the storage
+     * whose root is v may be written over by the fused group that reads it
+     * last (the caller's compiler does so, and no one outside the graph holds
+     * it: Inductor's donated buffers).  On a view: its elements keep the
+     * storage's order (a reshape); a fused op reading a view not so marked,
+     * or any op reading a view of other bytes, leaves the storage undonated
+     * (mf_credit.c NOTE [donated inputs]). */
     const uint8_t *donatable;
 } mf_graph_desc;
 

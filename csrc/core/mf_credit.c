@@ -8,13 +8,18 @@
  * over it (Inductor's donated buffers: torch.compile's backward reuses the
  * saved activations it frees that way).  The caller says which storages it
  * lets a group write over (mf_graph_desc.donatable, on roots: values the
- * graph makes, a backward's saved activations no one else holds).  A
- * storage qualifies for the group [i, j) when it is donatable, made before
- * the group, no graph output, read in the group and by no op after it, and
- * read only through its root value anywhere (two views of one storage are
- * two inputs of a region, which the caller never donates; a view's bytes
- * are not the storage's either).  Its bytes are live before the group and
- * freed after it, so without this a result of its size counts beside it.
+ * graph makes, a backward's saved activations no one else holds; on views:
+ * those whose elements keep the storage's order, a reshape).  A storage
+ * qualifies for the group [i, j) when it is donatable, made before the
+ * group, no graph output, read in the group and by no op after it, never
+ * read through a view of other bytes (a slice), nor by a fused op through a
+ * view not marked (a transpose: the compiler writes in place only at the
+ * index it reads), and read by the group through one of its values only: a
+ * view the group makes itself is none, but the root and a view made before
+ * the group, read in one group, are two inputs of its region, of which the
+ * caller donates neither (mf_credit_inputs).  Its bytes are live before the
+ * group and freed after it, so without this a result of its size counts
+ * beside it.
  *
  * NOTE [reuse credit]
  * One rule for the dead buffers a group's results may take: a donated
@@ -27,44 +32,49 @@
  * (graph outputs or read after it); late ones are allocated at a position
  * >= r0, when a source's buffer is dead.  Where a class has exactly one late
  * taker, it takes one source's buffer: the group counts that class's bytes
- * once less.  Where the class's sources are donated storages only, that
- * taker must be computed from one of them, by its op or through values of
- * the group no extern call stores (the compiler writes it in place: a
- * compiled program frees no input of its own, so a later allocation never
- * reuses one; measured on the seed's paths, where a relu of an input beside
- * a GEMM reading two dying results kept a buffer of its own); a result of
- * the size made before r0 is not counted there (the in-place write needs
- * only the source's last reader to be the taker, and an earlier result need
- * not read it: blocking on one raised a checkpointed pre-LN step's planned
- * and measured peak by three activations, where the plan ignoring it equals
- * its program).  With the head among a class's sources, a taker
- * before r0 blocks it: Inductor writes in place only over a buffer with one
- * reader left, and an earlier result of the size, in the same kernel, may be
- * another (the plan stays an upper bound); and only takers no extern call
- * reads (not marked stored) may take it, as NOTE [stored heads] has always
- * counted them: a head's region whose result a GEMM reads was measured to
- * keep more than the model sees (a checkpointed Phi-3 MLP backward: the
- * gate-up GEMM's gradient, made through pads, is no in-place write).  Such a
- * result still blocks where it is early: a SwiGLU backward region (OLMo,
- * checkpointed) writes the up branch's gradient, which a GEMM reads next,
- * and the SiLU over the head in one kernel; both read the head, so neither
- * writes over it, and crediting the SiLU put the plan one tensor below its
- * program.  A donated input's taker may be read by an extern call afterwards
- * (the cross-entropy's gradient over the saved log-softmax, read by the LM
- * head's GEMMs).  Where a class has two or more late takers, nothing is
- * credited: the kernel writing them may read the source while it writes
- * (NOTE [stored heads]), and which of them the compiler gives it is its
- * choice; the plan stays an upper bound of what the program allocates.
+ * once less, on one more condition, Inductor's own: it writes a node's
+ * result over a buffer only where every other node reading that buffer is
+ * an ancestor of the node or has run already.  The pointwise readers of a
+ * source in the group are fused into one kernel with the taker, so each of
+ * them must be the taker's op or one of its makers (a bit per reader,
+ * propagated to what it makes: mf_credit_op); readers of other kinds
+ * (reductions, extern calls) run in kernels of their own and do not block.
+ * (A SwiGLU backward region over a checkpointed MLP writes the up branch's
+ * gradient and the SiLU over the gate's GEMM result in one kernel; both
+ * read the gate, so neither writes over it, and a plan crediting either
+ * stood one tensor below its program.)  Where the class's sources are
+ * donated storages only, the taker must also be computed from one of them,
+ * by its op or through values of the group no extern call stores (the
+ * compiler writes it in place: a compiled program frees no input of its
+ * own, so a later allocation never reuses one), and some source's readers
+ * must meet the condition; a result of the size made before r0 is not
+ * counted there.  With the head among a class's sources, the one late taker
+ * must be no stored value and follow every pointwise reader of the head,
+ * and a taker before r0 blocks it: Inductor writes in place only over a
+ * buffer with one reader left, and an earlier result of the size, in the
+ * same kernel, may be another (the plan stays an upper bound); and only
+ * takers no extern call reads (not marked stored) may take it, as NOTE
+ * [stored heads] has always counted them: a head's region whose result a
+ * GEMM reads was measured to keep more than the model sees (a checkpointed
+ * Phi-3 MLP backward: the gate-up GEMM's gradient, made through pads, is no
+ * in-place write).  A donated input's taker may be read by an extern call
+ * afterwards (the cross-entropy's gradient over the saved log-softmax, read
+ * by the LM head's GEMMs).  Where a class has two or more late takers,
+ * nothing is credited: the kernel writing them may read the source while it
+ * writes (NOTE [stored heads]), and which of them the compiler gives it is
+ * its choice; the plan stays an upper bound of what the program allocates.
  * Pointwise takers only: the compiler gives a dying buffer to a kernel
  * writing at the index it reads, or to a later allocation of its size; an
  * extern call's result is no taker (a GEMM reading the source cannot write
- * over it).
+ * over it).  What the rule cannot see: an intermediate Inductor realizes
+ * inside the kernel (a sigmoid read twice) may take the dying buffer first,
+ * a buffer the model counts as free.
  *
  * The DP (mf_fuse.c) meets the group [i, j) one position at a time and keeps
- * this state across j (mf_credit_source / _taker / _drop); the simulator and
- * group_cost compute one group whole (mf_group_credit).  Both see the same
- * sources and takers, so they agree (mf_sched.c checks the planned peak
- * against the simulator).
+ * this state across j (mf_credit_inputs / _source / _op / _taker / _drop, in
+ * that order at each position); the simulator and group_cost compute one
+ * group whole (mf_group_credit).  Both see the same sources and takers, so
+ * they agree (mf_sched.c checks the planned peak against the simulator).
  */
 #include "mf_internal.h"
 
@@ -102,12 +112,49 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
         keys[s].b = pg->sbytes[s];
         keys[s].s = s;
     }
-    for (k = 0; k < g->n_ops; k++) /* read through a view: never donated */
+    for (k = 0; k < g->n_ops; k++) { /* read through a view of other bytes, or of another order into a kernel */
+        int kernel = g->fusible && g->fusible[k] && g->fusible[k] != MF_FUSIBLE_STORED;
         for (j = g->in_ptr[k]; j < g->in_ptr[k + 1]; j++) {
             int32_t x = g->in_idx[j];
-            if (pg->sid[x] >= 0 && root[x] != x)
+            if (pg->sid[x] >= 0 && root[x] != x &&
+                (g->value_bytes[x] != pg->sbytes[pg->sid[x]] || (kernel && !(g->donatable && g->donatable[x]))))
                 pg->sdon[pg->sid[x]] = 0;
         }
+    }
+    /* each op's distinct reads of donatable storages, by value (NOTE [donated inputs]: a group reading
+     * two of a storage's values from outside it is given two inputs, and the caller donates neither) */
+    pg->dread_ptr = (int32_t *)mf_arena_array(ctx, a, (size_t)g->n_ops + 1, sizeof(int32_t));
+    if (!pg->dread_ptr)
+        return MF_ENOMEM;
+    for (c = 0; c < 2; c++) {
+        int32_t m = 0;
+        for (k = 0; k < g->n_ops; k++) {
+            if (!c)
+                pg->dread_ptr[k] = m;
+            for (j = g->in_ptr[k]; j < g->in_ptr[k + 1]; j++) {
+                int32_t x = g->in_idx[j], sx = pg->sid[x], vx = root[x] == x ? -1 : x, q, dup = 0;
+                if (sx < 0 || !pg->sdon[sx])
+                    continue;
+                for (q = g->in_ptr[k]; q < j; q++) /* the same value read twice */
+                    dup |= g->in_idx[q] == x;
+                if (dup)
+                    continue;
+                if (c) {
+                    pg->dread_s[m] = sx;
+                    pg->dread_v[m] = vx;
+                }
+                m++;
+            }
+        }
+        if (!c) {
+            pg->dread_ptr[g->n_ops] = m;
+            pg->dread_s = (int32_t *)mf_arena_array(ctx, a, (size_t)m + 1, sizeof(int32_t));
+            pg->dread_v = (int32_t *)mf_arena_array(ctx, a, (size_t)m + 1, sizeof(int32_t));
+            if (!pg->dread_s || !pg->dread_v)
+                return MF_ENOMEM;
+        }
+    }
+    c = -1;
     qsort(keys, (size_t)ns, sizeof *keys, by_bytes);
     for (s = 0; s < ns; s++) {
         if (s == 0 || keys[s].b != keys[s - 1].b)
@@ -120,15 +167,30 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
 
 int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
 {
-    /* one block: nine class arrays, then three storage arrays */
+    /* one block: twelve class arrays, then nine storage arrays */
     size_t nc = (size_t)pg->ncls + 1, ns = (size_t)pg->ns + 1;
-    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 9 * nc + 3 * ns, sizeof(int32_t));
+    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 12 * nc + 9 * ns, sizeof(int32_t));
+    uint64_t *masks = (uint64_t *)mf_arena_array(ctx, a, 2 * ns, sizeof(uint64_t));
     memset(cr, 0, sizeof *cr);
     cr->pg = pg;
     cr->tlate = (uint8_t *)mf_arena_array(ctx, a, ns, 1);
-    if (!block || !cr->tlate)
+    if (!block || !masks || !cr->tlate)
         return MF_ENOMEM;
-    memset(block, 0, sizeof(int32_t) * (9 * nc + 3 * ns));
+    memset(block, 0, sizeof(int32_t) * (12 * nc + 9 * ns));
+    cr->smask = masks;
+    cr->xmask = masks + ns;
+    cr->cfirst = block + 9 * nc;
+    cr->cfstamp = block + 10 * nc;
+    cr->ch = block + 11 * nc;
+    cr->tstamp = block + 12 * nc;
+    cr->sreg = block + 12 * nc + ns;
+    cr->scarry = block + 12 * nc + 2 * ns;
+    cr->mstamp = block + 12 * nc + 3 * ns;
+    cr->xstamp = block + 12 * nc + 4 * ns;
+    cr->snext = block + 12 * nc + 5 * ns;
+    cr->instamp = block + 12 * nc + 6 * ns;
+    cr->inval = block + 12 * nc + 7 * ns;
+    cr->inconf = block + 12 * nc + 8 * ns;
     cr->cstamp = block;
     cr->chead = block + nc;
     cr->tcstamp = block + 2 * nc;
@@ -138,16 +200,58 @@ int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
     cr->cd = block + 6 * nc;
     cr->dstamp = block + 7 * nc;
     cr->cl = block + 8 * nc;
-    cr->tstamp = block + 9 * nc;
-    cr->sreg = block + 9 * nc + ns;
-    cr->scarry = block + 9 * nc + 2 * ns;
     return MF_OK;
 }
 
-void mf_credit_begin(mf_credit *cr)
+void mf_credit_begin(mf_credit *cr, int32_t gstart, int32_t hs)
 {
     cr->stamp++;
     cr->credit = 0;
+    cr->nbits = 0;
+    cr->gstart = gstart;
+    cr->hs = hs;
+}
+
+void mf_credit_inputs(mf_credit *cr, int32_t u)
+{
+    const mf_pg *pg = cr->pg;
+    int32_t q;
+    for (q = pg->dread_ptr[u]; q < pg->dread_ptr[u + 1]; q++) {
+        int32_t s = pg->dread_s[q], v = pg->dread_v[q];
+        if (v >= 0 && pg->prod[v] >= 0 && cr->pos[pg->prod[v]] >= cr->gstart)
+            continue; /* a view the group makes: no input of its own */
+        if (cr->instamp[s] != cr->stamp) {
+            cr->instamp[s] = cr->stamp;
+            cr->inval[s] = v;
+        } else if (cr->inval[s] != v) {
+            cr->inconf[s] = cr->stamp;
+        }
+    }
+}
+
+/* the last reader bit; given to every reader past the first 63, it never passes ancestors_ok */
+#define MF_READER_OVERFLOW ((uint64_t)1 << 63)
+
+/* Are the pointwise readers of source x in the group so far (a kernel fuses them with s's) all s's
+ * own op or makers of s?  NOTE [reuse credit]: Inductor writes a result over a buffer only where
+ * every other node reading it is an ancestor or has run. */
+static int readers_before(const mf_credit *cr, int32_t x, int32_t s)
+{
+    uint64_t have = cr->mstamp[s] == cr->stamp ? cr->smask[s] : 0;
+    uint64_t need = cr->xstamp[x] == cr->stamp ? cr->xmask[x] : 0;
+    return !(need & MF_READER_OVERFLOW) && !(need & ~have);
+}
+
+/* Is there a donated source of class c so far whose pointwise readers all come before s? */
+static int ancestors_ok(const mf_credit *cr, int32_t c, int32_t s)
+{
+    int32_t x;
+    if (cr->cfstamp[c] != cr->stamp)
+        return 0;
+    for (x = cr->cfirst[c]; x >= 0; x = cr->snext[x])
+        if (readers_before(cr, x, s))
+            return 1;
+    return 0;
 }
 
 /* the class's share of the credit: its bytes where it has a source and exactly one late taker (with
@@ -158,7 +262,7 @@ static int64_t share(const mf_credit *cr, int32_t c)
     int one;
     if (cr->cstamp[c] != cr->stamp || cr->tcstamp[c] != cr->stamp)
         return 0;
-    one = cr->chead[c] == cr->stamp ? cr->cnp[c] == 1 && cr->clp[c] == 1 && cr->cl[c] == cr->cn[c]
+    one = cr->chead[c] == cr->stamp ? cr->cnp[c] == 1 && cr->clp[c] == 1 && cr->cl[c] == cr->cn[c] && cr->ch[c] == 1
                                     : cr->cl[c] == 1 && cr->cd[c] == 1;
     return one ? cr->pg->cbytes[c] : 0;
 }
@@ -166,6 +270,8 @@ static int64_t share(const mf_credit *cr, int32_t c)
 void mf_credit_source(mf_credit *cr, int32_t s, int head)
 {
     int32_t c = cr->pg->scls[s];
+    if (!head && cr->inconf[s] == cr->stamp)
+        return; /* two inputs of the region: the caller donates neither */
     cr->credit -= share(cr, c);
     cr->cstamp[c] = cr->stamp;
     if (head) {
@@ -173,6 +279,9 @@ void mf_credit_source(mf_credit *cr, int32_t s, int head)
     } else {
         cr->dstamp[c] = cr->stamp;
         cr->sreg[s] = cr->stamp;
+        cr->snext[s] = cr->cfstamp[c] == cr->stamp ? cr->cfirst[c] : -1;
+        cr->cfirst[c] = s;
+        cr->cfstamp[c] = cr->stamp;
     }
     cr->credit += share(cr, c);
 }
@@ -181,19 +290,23 @@ void mf_credit_taker(mf_credit *cr, int32_t s)
 {
     int32_t c = cr->pg->scls[s];
     int stored = cr->pg->smat[s] != 0, late = cr->cstamp[c] == cr->stamp; /* after a source: its buffer is dead */
-    int direct = cr->dstamp[c] == cr->stamp && cr->carry; /* computed from a donated source */
+    /* computed from a donated source whose other pointwise readers all come before it */
+    int direct = cr->dstamp[c] == cr->stamp && cr->carry && ancestors_ok(cr, c, s);
+    /* late, unstored and made after every pointwise reader of the head */
+    int after_head = late && !stored && cr->hs >= 0 && cr->pg->scls[cr->hs] == c && readers_before(cr, cr->hs, s);
     cr->credit -= share(cr, c);
     if (cr->tcstamp[c] != cr->stamp) {
         cr->tcstamp[c] = cr->stamp;
-        cr->cn[c] = cr->cnp[c] = cr->cl[c] = cr->clp[c] = cr->cd[c] = 0;
+        cr->cn[c] = cr->cnp[c] = cr->cl[c] = cr->clp[c] = cr->cd[c] = cr->ch[c] = 0;
     }
     cr->cn[c]++;
     cr->cnp[c] += !stored;
     cr->cl[c] += late;
     cr->clp[c] += late && !stored;
     cr->cd[c] += direct;
+    cr->ch[c] += after_head;
     cr->tstamp[s] = cr->stamp;
-    cr->tlate[s] = (uint8_t)(late | direct << 1);
+    cr->tlate[s] = (uint8_t)(late | direct << 1 | after_head << 2);
     cr->credit += share(cr, c);
 }
 
@@ -211,22 +324,41 @@ void mf_credit_drop(mf_credit *cr, int32_t s)
     cr->cnp[c] -= !stored;
     cr->cl[c] -= late;
     cr->clp[c] -= late && !stored;
-    cr->cd[c] -= cr->tlate[s] >> 1;
+    cr->cd[c] -= cr->tlate[s] >> 1 & 1;
+    cr->ch[c] -= cr->tlate[s] >> 2 & 1;
     cr->credit += share(cr, c);
 }
 
 void mf_credit_op(mf_credit *cr, int32_t u)
 {
     const mf_pg *pg = cr->pg;
+    uint64_t mask = 0, bit = 0;
     int32_t q;
     cr->carry = 0;
-    for (q = pg->oread_ptr[u]; q < pg->oread_ptr[u + 1] && !cr->carry; q++) {
+    for (q = pg->oread_ptr[u]; q < pg->oread_ptr[u + 1]; q++) {
         int32_t s = pg->oread[q];
-        cr->carry = cr->sreg[s] == cr->stamp || (cr->scarry[s] == cr->stamp && !pg->smat[s]);
+        cr->carry |= cr->sreg[s] == cr->stamp || (cr->scarry[s] == cr->stamp && !pg->smat[s]);
+        if (cr->mstamp[s] == cr->stamp) /* made in the group: its makers are u's */
+            mask |= cr->smask[s];
+        if (pg->pointwise[u] && (s == cr->hs || (cr->mstamp[s] != cr->stamp && pg->sdon[s]))) {
+            /* a pointwise reader of the head or of a donated input */
+            if (!bit)
+                bit = cr->nbits < 63 ? (uint64_t)1 << cr->nbits++ : MF_READER_OVERFLOW;
+            if (cr->xstamp[s] != cr->stamp) {
+                cr->xstamp[s] = cr->stamp;
+                cr->xmask[s] = 0;
+            }
+            cr->xmask[s] |= bit;
+        }
     }
-    if (cr->carry)
-        for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++)
-            cr->scarry[pg->oalloc[q]] = cr->stamp;
+    mask |= bit;
+    for (q = pg->oalloc_ptr[u]; q < pg->oalloc_ptr[u + 1]; q++) {
+        int32_t s = pg->oalloc[q];
+        cr->smask[s] = mask;
+        cr->mstamp[s] = cr->stamp;
+        if (cr->carry)
+            cr->scarry[s] = cr->stamp;
+    }
 }
 
 int mf_credit_is_taker(const mf_pg *pg, const int32_t *order, int32_t p, int32_t s, int32_t hs)
@@ -248,9 +380,10 @@ int64_t mf_group_credit(mf_credit *cr, const int32_t *order, const int32_t *apos
 {
     const mf_pg *pg = cr->pg;
     int32_t hs = mf_credit_head(pg, order[i]), p, q;
-    mf_credit_begin(cr);
+    mf_credit_begin(cr, i, hs);
     for (p = i; p < j; p++) {
         int32_t u = order[p];
+        mf_credit_inputs(cr, u);
         if (hs >= 0 && lastpos[hs] < j && p == (lastpos[hs] > i ? lastpos[hs] : i))
             mf_credit_source(cr, hs, 1); /* read after the group: no source (and never a taker) */
         for (q = pg->oread_ptr[u]; q < pg->oread_ptr[u + 1]; q++) {

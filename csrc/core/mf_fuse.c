@@ -201,7 +201,8 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
          * by position (mf_credit.c NOTE [reuse credit]; mf_group_credit: the same, whole) */
         A = w->fa[i];
         hs = mf_credit_head(pg, w->order[i]);
-        mf_credit_begin(cr);
+        mf_credit_begin(cr, i, hs);
+        mf_credit_inputs(cr, w->order[i]);
         if (hs >= 0 && w->lastpos[hs] <= i)
             mf_credit_source(cr, hs, 1); /* unread: dead from the start */
         for (q = w->dptr[i - a]; q < w->dptr[i + 1 - a]; q++) /* donated inputs read last at i */
@@ -213,6 +214,7 @@ static void dp_pass(const fuse_ws *w, int mode, int64_t cap, int64_t *val, int32
             int32_t p = j - 1, u = w->order[p];
             if (!pg->fusible[u])
                 break;
+            mf_credit_inputs(cr, u);
             for (q = w->dptr[p - a]; q < w->dptr[j - a]; q++) {
                 int32_t s = w->didx[q];
                 if (w->apos[s] >= i) { /* made in the group, read by it alone from here on */
@@ -281,6 +283,7 @@ static int ws_setup(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *or
     if (!fill || !diff || !w->apos || !w->lastpos || !w->dptr || !w->didx || !w->L || !w->fa || !w->cr ||
         mf_credit_init(ctx, a, pg, w->cr))
         return MF_ENOMEM;
+    w->cr->pos = pos;
     for (i = 0; i < n; i++)
         pos[order[i]] = i;
     for (s = 0; s < pg->ns; s++) {

@@ -87,6 +87,7 @@ typedef struct mf_pg {
     uint8_t *smat;    /* ns: stored even as an inner value of a group (NOTE [stored inner values]) */
     uint8_t *pointwise; /* n: given as MF_FUSIBLE_POINTWISE (NOTE [stored heads]) */
     uint8_t *sdon;    /* ns: may be donated to the group reading it last (mf_credit.c NOTE [donated inputs]) */
+    int32_t *dread_ptr, *dread_s, *dread_v; /* CSR n -> (storage, value) reads of those: the value, or -1 for the root */
     int32_t *scls;    /* ns: size class, equal for equal sbytes (0 .. ncls - 1) */
     int64_t *cbytes;  /* ncls: the bytes of each class */
     int32_t ncls;
@@ -188,17 +189,28 @@ typedef struct mf_credit {
     int32_t *cn, *cnp;       /* ncls: its takers; those that are not stored */
     int32_t *cl, *clp;       /* ncls: those met after a source of the class (late); of them the unstored ones */
     int32_t *cd;             /* ncls: of them, those computed from a donated source (direct) */
+    int32_t *ch;             /* ncls: late unstored ones made after every pointwise reader of the head */
     int32_t *dstamp;         /* ncls: a donated source of the class is in this group */
     int32_t *tstamp;         /* ns: counted as a taker in this group */
     int32_t *sreg, *scarry;  /* ns: a donated source in this group; made from one through unstored values */
     uint8_t *tlate;          /* ns: ... as a late one (bit 0), a direct one (bit 1) */
+    uint64_t *smask;         /* ns: pointwise readers of donated inputs among its makers (one bit each) */
+    uint64_t *xmask;         /* ns: a donated input's pointwise readers in the group */
+    int32_t *mstamp, *xstamp; /* ns: smask, xmask are this group's */
+    int32_t *cfirst, *cfstamp, *snext; /* ncls, ncls, ns: the class's donated sources, a list */
+    int32_t *instamp, *inval, *inconf; /* ns: a donated input's value the group reads from outside; a second one */
+    const int32_t *pos;      /* n: each op's position in the order the caller walks */
+    int32_t gstart, hs;      /* the group's first position; its head storage, or -1 */
+    int nbits;               /* reader bits given out in this group */
     int carry;               /* the op met now computes from a donated source (mf_credit_op) */
     int32_t stamp;
     int64_t credit;
 } mf_credit;
 
 int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr);
-void mf_credit_begin(mf_credit *cr);
+void mf_credit_begin(mf_credit *cr, int32_t gstart, int32_t hs);
+/* Op u, met before its position's sources: the values of donated inputs it reads from outside the group. */
+void mf_credit_inputs(mf_credit *cr, int32_t u);
 void mf_credit_source(mf_credit *cr, int32_t s, int head);
 void mf_credit_taker(mf_credit *cr, int32_t s);
 void mf_credit_drop(mf_credit *cr, int32_t s);

@@ -92,6 +92,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
     /* mf_credit.c NOTE [reuse credit], by positions in order */
     for (j = 0; j < n; j++)
         pos[order[j]] = j;
+    cr.pos = pos;
     for (s = 0; s < pg->ns; s++) {
         apos[s] = pos[pg->salloc[s]];
         lastpos[s] = -1;

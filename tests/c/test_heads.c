@@ -79,8 +79,26 @@ typedef struct href {
     uint32_t readers[HVMAX];    /* per root value: op mask */
     int nalloc[HMAX], head[HMAX];
     int pointwise[HMAX];
-    int don[HVMAX], viewed[HVMAX]; /* per root value: donatable; read through another of its values */
+    int don[HVMAX], viewed[HVMAX]; /* per root value: donatable; read through a view of other bytes or,
+                                    * by a fused op, through one of another order (not donatable) */
+    int prodop[HVMAX];             /* per value: the op that makes it (a view too), -1 for inputs */
 } href;
+
+/* How many of root s's values do the ops of group t read that the group does not make (its inputs)? */
+static int group_inputs(const mf_graph_desc *d, const href *r, const int *grp, int s, int t)
+{
+    int k, j, x, n = 0, seen[HVMAX] = {0};
+    for (k = 0; k < r->n; k++)
+        if (grp[k] == t)
+            for (j = d->in_ptr[k]; j < d->in_ptr[k + 1]; j++) {
+                x = d->in_idx[j];
+                if (r->root[x] != s || seen[x] || (x != s && r->prodop[x] >= 0 && grp[r->prodop[x]] == t))
+                    continue;
+                seen[x] = 1;
+                n++;
+            }
+    return n;
+}
 
 static void href_build(const mf_graph_desc *d, href *r)
 {
@@ -94,6 +112,7 @@ static void href_build(const mf_graph_desc *d, href *r)
             x = d->alias_of[x];
         r->root[v] = x;
         r->alloc_op[v] = -1;
+        r->prodop[v] = -1;
     }
     for (v = 0; v < d->n_values; v++) {
         if (d->is_output[v])
@@ -108,12 +127,14 @@ static void href_build(const mf_graph_desc *d, href *r)
             int s = r->root[d->in_idx[j]];
             if (d->is_input[s])
                 continue;
-            r->viewed[s] |= d->in_idx[j] != s;
+            r->viewed[s] |= d->in_idx[j] != s && (d->value_bytes[d->in_idx[j]] != d->value_bytes[s] ||
+                                                  (d->fusible && d->fusible[k] && !stored && !(d->donatable && d->donatable[d->in_idx[j]])));
             r->readers[s] |= 1u << k;
             r->mat[s] |= stored;
         }
         for (j = d->out_ptr[k]; j < d->out_ptr[k + 1]; j++) {
             int x = d->out_idx[j];
+            r->prodop[x] = k;
             if (r->root[x] != x)
                 continue; /* a view allocates nothing */
             r->alloc_op[x] = k;
@@ -141,17 +162,20 @@ static int last_in(const href *r, int s, const int *grp, const int *pos, int t, 
 /* csrc/core/mf_credit.c NOTE [reuse credit], literally: sources (the stored head, donated
  * storages) by size, the least last-read position r0 of each size, its results leaving the group
  * anywhere in it (takers), those at or after r0 (late ones) and those computed from a donated
- * source through unstored values (direct ones: without the head, the one taker must be one). */
+ * source through unstored values, where some source of the size so far has every pointwise reader in
+ * the group its op or its maker (direct ones: without the head, the one taker must be one). */
 static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t *order, const int *grp,
                            const int *pos, int lo, int hi, int t)
 {
     int64_t r0[HVMAX], credit = 0; /* by size: index = bytes / 8 */
-    int takers[HVMAX], plain[HVMAX], late[HVMAX], plate[HVMAX], direct[HVMAX], headc = -1, h = -1, s, p, k, ok;
+    int takers[HVMAX], plain[HVMAX], late[HVMAX], plate[HVMAX], direct[HVMAX], hok[HVMAX], headc = -1, h = -1, s, p, k,
+        ok;
     int dsrc[HVMAX], dcls[HVMAX], carried[HVMAX]; /* per root: a donated source of the group, of the size;
                                                    * made from one through unstored values */
+    uint32_t anc[HMAX] = {0}; /* per op: its makers in the group */
     for (s = 0; s < HVMAX; s++) {
         r0[s] = -1;
-        takers[s] = plain[s] = late[s] = plate[s] = direct[s] = dsrc[s] = dcls[s] = carried[s] = 0;
+        takers[s] = plain[s] = late[s] = plate[s] = direct[s] = hok[s] = dsrc[s] = dcls[s] = carried[s] = 0;
     }
     if (r->nalloc[order[lo]] == 1) { /* the head: a source where no reader follows the group, never a taker */
         h = r->head[order[lo]];
@@ -171,6 +195,7 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
             r->viewed[s] || d->value_bytes[s] == 0)
             continue;
         lp = last_in(r, s, grp, pos, t, &ok);
+        ok &= group_inputs(d, r, grp, s, t) == 1; /* two inputs of the region: the caller donates neither */
         if (ok && lp >= 0 && (r0[d->value_bytes[s] / 8] < 0 || lp < r0[d->value_bytes[s] / 8]))
             r0[d->value_bytes[s] / 8] = lp;
         if (ok && lp >= 0) {
@@ -179,15 +204,32 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
         }
     }
     for (p = lo; p < hi; p++) {
-        int u = order[p], carry = 0;
-        for (s = 0; s < r->nv; s++) /* a donated source (read last here) or a value made from one */
+        int u = order[p], carry = 0, ancok[HVMAX], hafter;
+        for (s = 0; s < r->nv; s++) { /* a donated source (read last here) or a value made from one */
             if (r->root[s] == s && (r->readers[s] >> u & 1) && (dsrc[s] == p + 1 || (carried[s] && !r->mat[s])))
                 carry = 1;
+            if (r->root[s] == s && (r->readers[s] >> u & 1) && r->alloc_op[s] >= 0 && grp[r->alloc_op[s]] == t)
+                anc[u] |= 1u << r->alloc_op[s] | anc[r->alloc_op[s]]; /* u's makers in the group */
+        }
+        for (s = 0; s < HVMAX; s++)
+            ancok[s] = 0;
+        for (s = 0; s < r->nv; s++) /* a source of the size so far whose pointwise readers are u or its makers */
+            if (dsrc[s] && dsrc[s] <= p + 1) {
+                int all = 1;
+                for (k = 0; k < r->n; k++)
+                    if ((r->readers[s] >> k & 1) && grp[k] == t && r->pointwise[k])
+                        all &= k == u || (anc[u] >> k & 1);
+                ancok[d->value_bytes[s] / 8] |= all;
+            }
         for (s = 0; s < r->nv; s++)
             if (r->root[s] == s && r->alloc_op[s] == u && carry)
                 carried[s] = 1;
         if (!r->pointwise[u])
             continue;
+        hafter = h >= 0;
+        for (k = 0; k < r->n && h >= 0; k++) /* the head's pointwise readers so far: u or its makers */
+            if ((r->readers[h] >> k & 1) && grp[k] == t && pos[k] <= p && r->pointwise[k])
+                hafter &= k == u || (anc[u] >> k & 1);
         for (s = 0; s < r->nv; s++) {
             int after = 0, c = (int)(d->value_bytes[s] / 8);
             if (r->root[s] != s || r->alloc_op[s] != u || s == h || c == 0)
@@ -198,11 +240,12 @@ static int64_t href_credit(const mf_graph_desc *d, const href *r, const int32_t 
             plain[c] += (r->out[s] || after) && !r->mat[s];
             late[c] += (r->out[s] || after) && r0[c] >= 0 && p >= r0[c];
             plate[c] += (r->out[s] || after) && !r->mat[s] && r0[c] >= 0 && p >= r0[c];
-            direct[c] += (r->out[s] || after) && carry && dcls[c];
+            direct[c] += (r->out[s] || after) && carry && dcls[c] && ancok[c];
+            hok[c] += (r->out[s] || after) && !r->mat[s] && r0[c] >= 0 && p >= r0[c] && hafter;
         }
     }
     for (s = 1; s < HVMAX; s++) /* two results of a size: each gets a buffer of its own */
-        if (r0[s] >= 0 && (s == headc ? plain[s] == 1 && plate[s] == 1 && late[s] == takers[s]
+        if (r0[s] >= 0 && (s == headc ? plain[s] == 1 && plate[s] == 1 && late[s] == takers[s] && hok[s] == 1
                                     : late[s] == 1 && direct[s] == 1))
             credit += 8 * (int64_t)s; /* with the head: unstored ones, and no early taker of any kind;
                                        * donated only: one late one, made from a source */

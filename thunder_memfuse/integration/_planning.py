@@ -238,18 +238,30 @@ def donation_keys(trace, donatable_saved):
 
 def donatable_names(bsyms, freeable, donatable_saved) -> frozenset:
     """The proxies plan_trace marks donatable (csrc/core/mf_credit.c NOTE [donated inputs]): the
-    memory model's storage roots that regroup_trace may donate to the region reading them last.  A
-    storage the donation keys join to another (a `contiguous` that may return its argument, two
-    saved tensors of one forward storage) is none of them: the model counts two storages where a
-    region may write over neither while the other is read."""
+    memory model's storage roots that regroup_trace may donate to the region reading them last, and
+    the views of them that keep their elements' order (reshapes, squeezes: a result computed from one
+    may be written in place, which the core takes only through a view so marked).  A storage the
+    donation keys join to another (a `contiguous` that may return its argument, two saved tensors of
+    one forward storage) is none of them: the model counts two storages where a region may write over
+    neither while the other is read."""
     import types
+
+    from .._symbols import is_view
 
     tr = types.SimpleNamespace(bound_symbols=list(bsyms))
     dkey = donation_keys(tr, donatable_saved or {})
     model_root = _root_of(tr)
     fr = freeable if isinstance(freeable, dict) else {}
     members, root_name = {}, {}  # donation key -> the model's storages in it; storage -> its root's name
+    in_order = {}  # a view's name -> its storage, where it and every view it is made from keep the order
     for b in tr.bound_symbols:
+        if is_view(b) and _view_keeps_order(b):
+            src = next((a for a in b.flat_proxy_args if isinstance(a, TensorProxy)), None)
+            r, _ = model_root(src) if src is not None else (None, None)
+            if src is not None and (src.name == r.name or src.name in in_order):
+                for o in b.flat_proxy_outs:
+                    if isinstance(o, TensorProxy):
+                        in_order[o.name] = r.name
         for p in b.flat_proxy_outs:
             if not isinstance(p, TensorProxy):
                 continue
@@ -266,8 +278,25 @@ def donatable_names(bsyms, freeable, donatable_saved) -> frozenset:
                 continue
             members.setdefault(k, set()).add(sk)
             root_name[sk] = name
-    return frozenset(root_name[sk] for ks in members.values() if len(ks) == 1 for sk in ks
-                     if root_name[sk] is not None)
+    roots = frozenset(root_name[sk] for ks in members.values() if len(ks) == 1 for sk in ks
+                      if root_name[sk] is not None)
+    return roots | frozenset(v for v, r in in_order.items() if r in roots)
+
+
+# views whose elements keep their storage's linear order, all of them (of a dense storage)
+_ORDER_KEEPING_VIEWS = frozenset({"reshape", "view", "unsqueeze", "squeeze", "flatten", "shallow_copy", "to",
+                                  "type_as", "convert_element_type"})
+
+
+def _view_keeps_order(bsym) -> bool:
+    from .._symbols import _base_name
+
+    name = _base_name(bsym.sym.name)
+    for pre, suf in (("torch_prims_", "_impl"), ("torch_", "_prim_impl"), ("torch_", "_impl")):
+        if name.startswith(pre) and name.endswith(suf):
+            name = name[len(pre):-len(suf)]
+            break
+    return name in _ORDER_KEEPING_VIEWS
 
 
 def donation_root(trace):
