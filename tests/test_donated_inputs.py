@@ -294,3 +294,24 @@ def test_storages_a_conversion_joins_are_not_donatable_to_the_planner():
     tanh = next(b for b in trace.bound_symbols if b.sym.name == "tanh").output.name
     assert tanh in names
     assert not {p.name for p in trace.args} & names, "a trace input was donatable"
+
+
+def _viewed(x):
+    y = torch.tanh(x)
+    return y.reshape(-1).sin(), y.t().cos()
+
+
+def test_views_of_a_donatable_storage_are_marked_only_where_they_keep_its_order():
+    """donatable_names marks the reshapes of a donatable storage (a result computed from one may be
+    written over it) and leaves its transposes unmarked, which keeps the core from giving the storage
+    to a fused op reading it through one (csrc/core/mf_credit.c NOTE [donated inputs])."""
+    from thunder_memfuse.integration import _planning
+
+    jf = _jit(_viewed)
+    jf(torch.randn(16, 8))
+    trace = thunder.last_traces(jf)[0]
+    names = _planning.donatable_names(trace.bound_symbols, None, None)
+    out = {b.sym.name: b.output.name for b in trace.bound_symbols if b.sym.name in ("tanh", "reshape", "t")}
+    assert set(out) == {"tanh", "reshape", "t"}, out
+    assert out["tanh"] in names and out["reshape"] in names, (out, names)
+    assert out["t"] not in names, (out, names)
