@@ -17,6 +17,13 @@
  *   "no hoists"            where the first plan kept hoists (mf_hoist.c), g
  *                          planned without them: the search from another
  *                          order ends elsewhere;
+ *   "no donations"         where g marks donatable storages and no peak
+ *                          target is set, g planned without them (NOTE
+ *                          [reuse credit], mf_credit.c), every pass with
+ *                          them, kept only where a pass kept copies (the
+ *                          first plan's peak is not g's): which buffers a
+ *                          group's results may take changes the first
+ *                          order, and so the copies the searches find;
  *   "no coarse orders"     where regions are formed, g planned without coarse
  *                          orders (mf_coarse.c), every pass without them too,
  *                          focused ones included, the result planned once more
@@ -25,8 +32,9 @@
  *                          planned with coarse orders.
  * A coarse order changes each pass's order and so the copies later searches
  * find; on the checkpointed workloads of benchmarks/ each of the last two is
- * the lowest somewhere.  The lowest candidate wins (the earlier start on a
- * tie), and the focused passes then run on the winner alone (the other starts
+ * the lowest somewhere, and "no donations" on a checkpointed pre-LN step.
+ * The lowest candidate wins (the earlier start on a tie), and the focused
+ * passes then run on the winner alone (the other starts
  * would try the same group at the fused peak again).  The result names the
  * winning start and each pass it kept (what kind, the copies it made, the peak
  * before and after), so a report can say why a value was recomputed.
@@ -454,6 +462,17 @@ int mf_plan_pipeline(mf_ctx *ctx, const mf_graph_desc *g, const mf_pipeline_opti
         if ((st = run_plan(&p, g, &nh, &c.plan)) != MF_OK || (st = passes_on(&p, budget, &pa, NULL, passes, 0, &c)) != MF_OK)
             goto done;
         keep_better(&p, &s, &c);
+    }
+    if (g->donatable && p.target <= 0 && !out_of_work(&p)) { /* g planned without donations, passes with them */
+        mf_graph_desc nd = *g;
+        nd.donatable = NULL;
+        c.start = "no donations";
+        if ((st = run_plan(&p, &nd, &pa, &c.plan)) != MF_OK || (st = passes_on(&p, budget, &pa, NULL, passes, 0, &c)) != MF_OK)
+            goto done;
+        if (c.has_copies) /* a kept pass planned it with them; else its peak is not g's */
+            keep_better(&p, &s, &c);
+        else
+            cand_clear(&p, &c);
     }
     nc = pa;
     nc.no_coarse = 1;
