@@ -94,7 +94,7 @@ static int by_bytes(const void *x, const void *y)
 
 int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int32_t *root, mf_pg *pg)
 {
-    int32_t ns = pg->ns, s, v, k, j, c = -1;
+    int32_t ns = pg->ns, s, v, k, j, c = -1, pass;
     size_key *keys;
     int32_t *sroot;
     pg->sdon = (uint8_t *)mf_arena_array(ctx, a, (size_t)ns + 1, 1);
@@ -126,10 +126,10 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
     pg->dread_ptr = (int32_t *)mf_arena_array(ctx, a, (size_t)g->n_ops + 1, sizeof(int32_t));
     if (!pg->dread_ptr)
         return MF_ENOMEM;
-    for (c = 0; c < 2; c++) {
+    for (pass = 0; pass < 2; pass++) {
         int32_t m = 0;
         for (k = 0; k < g->n_ops; k++) {
-            if (!c)
+            if (!pass)
                 pg->dread_ptr[k] = m;
             for (j = g->in_ptr[k]; j < g->in_ptr[k + 1]; j++) {
                 int32_t x = g->in_idx[j], sx = pg->sid[x], vx = root[x] == x ? -1 : x, q, dup = 0;
@@ -139,14 +139,14 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
                     dup |= g->in_idx[q] == x;
                 if (dup)
                     continue;
-                if (c) {
+                if (pass) {
                     pg->dread_s[m] = sx;
                     pg->dread_v[m] = vx;
                 }
                 m++;
             }
         }
-        if (!c) {
+        if (!pass) {
             pg->dread_ptr[g->n_ops] = m;
             pg->dread_s = (int32_t *)mf_arena_array(ctx, a, (size_t)m + 1, sizeof(int32_t));
             pg->dread_v = (int32_t *)mf_arena_array(ctx, a, (size_t)m + 1, sizeof(int32_t));
@@ -154,7 +154,6 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
                 return MF_ENOMEM;
         }
     }
-    c = -1;
     qsort(keys, (size_t)ns, sizeof *keys, by_bytes);
     for (s = 0; s < ns; s++) {
         if (s == 0 || keys[s].b != keys[s - 1].b)
