@@ -36,9 +36,15 @@ _VIEW_BASE = frozenset(
 )
 # The torch executor runs some view prims under names of its own
 # (torch_prims_reshape_impl, torch_slice_prim_impl): the final trace holds those.
-VIEW_NAMES = _VIEW_BASE | frozenset(
-    f for n in _VIEW_BASE for f in (f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl")
-)
+def _with_impls(names) -> frozenset:
+    return frozenset(names) | frozenset(
+        f for n in names for f in (f"torch_prims_{n}_impl", f"torch_{n}_prim_impl", f"torch_{n}_impl"))
+
+
+VIEW_NAMES = _with_impls(_VIEW_BASE)
+# views whose elements keep their storage's linear order, all of them (of a dense storage)
+ORDER_KEEPING_VIEW_NAMES = _with_impls({"reshape", "view", "unsqueeze", "squeeze", "flatten", "shallow_copy", "to",
+                                        "type_as", "convert_element_type"})
 
 
 

@@ -166,39 +166,27 @@ int mf_credit_setup(mf_ctx *ctx, mf_arena *a, const mf_graph_desc *g, const int3
 
 int mf_credit_init(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, mf_credit *cr)
 {
-    /* one block: twelve class arrays, then nine storage arrays */
-    size_t nc = (size_t)pg->ncls + 1, ns = (size_t)pg->ns + 1;
-    int32_t *block = (int32_t *)mf_arena_array(ctx, a, 12 * nc + 9 * ns, sizeof(int32_t));
+    /* one block: the class arrays, then the storage arrays */
+    int32_t **cls[] = {&cr->cstamp, &cr->chead, &cr->tcstamp, &cr->cn, &cr->cnp, &cr->cl, &cr->clp, &cr->cd,
+                       &cr->ch, &cr->dstamp, &cr->cfirst};
+    int32_t **sto[] = {&cr->tstamp, &cr->sreg, &cr->scarry, &cr->mstamp, &cr->xstamp, &cr->snext, &cr->instamp,
+                       &cr->inval, &cr->inconf};
+    size_t nc = (size_t)pg->ncls + 1, ns = (size_t)pg->ns + 1, ncl = sizeof cls / sizeof *cls,
+           nst = sizeof sto / sizeof *sto, k;
+    int32_t *block = (int32_t *)mf_arena_array(ctx, a, ncl * nc + nst * ns, sizeof(int32_t));
     uint64_t *masks = (uint64_t *)mf_arena_array(ctx, a, 2 * ns, sizeof(uint64_t));
     memset(cr, 0, sizeof *cr);
     cr->pg = pg;
     cr->tlate = (uint8_t *)mf_arena_array(ctx, a, ns, 1);
     if (!block || !masks || !cr->tlate)
         return MF_ENOMEM;
-    memset(block, 0, sizeof(int32_t) * (12 * nc + 9 * ns));
+    memset(block, 0, sizeof(int32_t) * (ncl * nc + nst * ns));
+    for (k = 0; k < ncl; k++)
+        *cls[k] = block + k * nc;
+    for (k = 0; k < nst; k++)
+        *sto[k] = block + ncl * nc + k * ns;
     cr->smask = masks;
     cr->xmask = masks + ns;
-    cr->cfirst = block + 9 * nc;
-    cr->cfstamp = block + 10 * nc;
-    cr->ch = block + 11 * nc;
-    cr->tstamp = block + 12 * nc;
-    cr->sreg = block + 12 * nc + ns;
-    cr->scarry = block + 12 * nc + 2 * ns;
-    cr->mstamp = block + 12 * nc + 3 * ns;
-    cr->xstamp = block + 12 * nc + 4 * ns;
-    cr->snext = block + 12 * nc + 5 * ns;
-    cr->instamp = block + 12 * nc + 6 * ns;
-    cr->inval = block + 12 * nc + 7 * ns;
-    cr->inconf = block + 12 * nc + 8 * ns;
-    cr->cstamp = block;
-    cr->chead = block + nc;
-    cr->tcstamp = block + 2 * nc;
-    cr->cn = block + 3 * nc;
-    cr->cnp = block + 4 * nc;
-    cr->clp = block + 5 * nc;
-    cr->cd = block + 6 * nc;
-    cr->dstamp = block + 7 * nc;
-    cr->cl = block + 8 * nc;
     return MF_OK;
 }
 
@@ -245,7 +233,7 @@ static int readers_before(const mf_credit *cr, int32_t x, int32_t s)
 static int ancestors_ok(const mf_credit *cr, int32_t c, int32_t s)
 {
     int32_t x;
-    if (cr->cfstamp[c] != cr->stamp)
+    if (cr->dstamp[c] != cr->stamp)
         return 0;
     for (x = cr->cfirst[c]; x >= 0; x = cr->snext[x])
         if (readers_before(cr, x, s))
@@ -276,11 +264,10 @@ void mf_credit_source(mf_credit *cr, int32_t s, int head)
     if (head) {
         cr->chead[c] = cr->stamp;
     } else {
-        cr->dstamp[c] = cr->stamp;
         cr->sreg[s] = cr->stamp;
-        cr->snext[s] = cr->cfstamp[c] == cr->stamp ? cr->cfirst[c] : -1;
+        cr->snext[s] = cr->dstamp[c] == cr->stamp ? cr->cfirst[c] : -1;
         cr->cfirst[c] = s;
-        cr->cfstamp[c] = cr->stamp;
+        cr->dstamp[c] = cr->stamp;
     }
     cr->credit += share(cr, c);
 }

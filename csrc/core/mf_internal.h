@@ -197,7 +197,7 @@ typedef struct mf_credit {
     uint64_t *smask;         /* ns: pointwise readers of donated inputs among its makers (one bit each) */
     uint64_t *xmask;         /* ns: a donated input's pointwise readers in the group */
     int32_t *mstamp, *xstamp; /* ns: smask, xmask are this group's */
-    int32_t *cfirst, *cfstamp, *snext; /* ncls, ncls, ns: the class's donated sources, a list */
+    int32_t *cfirst, *snext; /* ncls, ns: the class's donated sources (valid where dstamp is), a list */
     int32_t *instamp, *inval, *inconf; /* ns: a donated input's value the group reads from outside; a second one */
     const int32_t *pos;      /* n: each op's position in the order the caller walks */
     int32_t gstart, hs;      /* the group's first position; its head storage, or -1 */

@@ -246,7 +246,7 @@ def donatable_names(bsyms, freeable, donatable_saved) -> frozenset:
     neither while the other is read."""
     import types
 
-    from .._symbols import is_view
+    from .._symbols import ORDER_KEEPING_VIEW_NAMES, is_view
 
     tr = types.SimpleNamespace(bound_symbols=list(bsyms))
     dkey = donation_keys(tr, donatable_saved or {})
@@ -255,7 +255,7 @@ def donatable_names(bsyms, freeable, donatable_saved) -> frozenset:
     members, root_name = {}, {}  # donation key -> the model's storages in it; storage -> its root's name
     in_order = {}  # a view's name -> its storage, where it and every view it is made from keep the order
     for b in tr.bound_symbols:
-        if is_view(b) and _view_keeps_order(b):
+        if is_view(b) and b.sym.name in ORDER_KEEPING_VIEW_NAMES:
             src = next((a for a in b.flat_proxy_args if isinstance(a, TensorProxy)), None)
             r, _ = model_root(src) if src is not None else (None, None)
             if src is not None and (src.name == r.name or src.name in in_order):
@@ -281,22 +281,6 @@ def donatable_names(bsyms, freeable, donatable_saved) -> frozenset:
     roots = frozenset(root_name[sk] for ks in members.values() if len(ks) == 1 for sk in ks
                       if root_name[sk] is not None)
     return roots | frozenset(v for v, r in in_order.items() if r in roots)
-
-
-# views whose elements keep their storage's linear order, all of them (of a dense storage)
-_ORDER_KEEPING_VIEWS = frozenset({"reshape", "view", "unsqueeze", "squeeze", "flatten", "shallow_copy", "to",
-                                  "type_as", "convert_element_type"})
-
-
-def _view_keeps_order(bsym) -> bool:
-    from .._symbols import _base_name
-
-    name = _base_name(bsym.sym.name)
-    for pre, suf in (("torch_prims_", "_impl"), ("torch_", "_prim_impl"), ("torch_", "_impl")):
-        if name.startswith(pre) and name.endswith(suf):
-            name = name[len(pre):-len(suf)]
-            break
-    return name in _ORDER_KEEPING_VIEWS
 
 
 def donation_root(trace):
