@@ -319,7 +319,9 @@ typedef struct mf_pipeline_options {
 #define MF_PIPELINE_WORK_FLOOR ((int64_t)MF_DEFAULT_MAX_STATES * 8)
 #define MF_PIPELINE_WORK_PER_OP ((int64_t)1000)
 #define MF_PIPELINE_MAX_STEPS 16
-enum { MF_STEP_SEARCH = 0, MF_STEP_FOCUSED = 1 };
+/* a search's copies; a focused split's; a search's found on the plan's regions (mf_pipeline.c NOTE
+ * [searches on regions]) */
+enum { MF_STEP_SEARCH = 0, MF_STEP_FOCUSED = 1, MF_STEP_REGIONS = 2 };
 
 typedef struct mf_pipeline_step {
     uint8_t kind;                   /* MF_STEP_* */

@@ -151,6 +151,9 @@ int mf_baseline_order(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, int32_t *order)
 int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
                    const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
                    int64_t *step_bytes, int64_t *live_after);
+/* mf_sim.c NOTE [grouped bytes]: value bytes with those a grouping never stores zeroed. */
+int mf_grouped_bytes(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order, const int32_t *group_ptr,
+                     int32_t n_groups, int64_t *bytes);
 
 /* ---- incremental tracker for valid orders (unfused steps) ----
  * rc[s] = readers of s not yet run; live = bytes live now.  Applying op v:

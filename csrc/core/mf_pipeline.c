@@ -9,8 +9,10 @@
  * mf_plan_pipeline plans graph g.  Without recomputation (no cheap ops or no
  * budget) that is one mf_plan.  With it, a candidate is a plan of g or of g
  * with copies; the passes on a candidate (NOTE [recomputation passes]) run the
- * search on its plan's order, plan the graph with the copies again and keep
- * the result where its fused peak is lower, up to `passes` times, and then,
+ * search on its plan's order (where it keeps nothing, once more on the bytes
+ * the plan's regions store: NOTE [searches on regions]), plan the graph with
+ * the copies again and keep the result where its fused peak is lower, up to
+ * `passes` times, and then,
  * where regions are formed, up to MF_FOCUS_PASSES focused passes (NOTE
  * [focused splits]).  The starts, each a candidate the passes run from:
  *   "plan"                 g planned with every option on;
@@ -88,6 +90,7 @@ typedef struct cand {
     int has_copies;
     mf_remat_result r;  /* the graph with copies; origins in terms of the pipeline's g */
     const char *start;
+    uint8_t on_regions; /* a search's copies found on c's regions (NOTE [searches on regions]) */
     int32_t n_steps;
     mf_pipeline_step steps[MF_PIPELINE_MAX_STEPS];
 } cand;
@@ -187,15 +190,80 @@ static int cheap_of(pipe *p, const cand *c, uint8_t **own, const uint8_t **ch)
     return MF_OK;
 }
 
-/* One step on c: the search (focus NULL) or one focused split, the copies'
- * graph planned with o; *got 1 with *out set where that plan's peak is
- * lower (out's origins relative to c's graph), else 0 with out empty. */
+/* The unfused peaks of r's searched order on r's graph and of order on d (NOTE [cost model]). */
+static int unfused_peaks(pipe *p, const mf_graph_desc *d, const int32_t *order, mf_remat_result *r)
+{
+    mf_graph_desc d2;
+    int32_t *id, k;
+    int st;
+    if (!(id = mf_alloc(p->ctx, sizeof(int32_t) * ((size_t)r->n_ops + 1))))
+        return MF_ENOMEM;
+    for (k = 0; k < r->n_ops; k++)
+        id[k] = k;
+    mf_remat_result_desc(r, &d2);
+    st = mf_simulate(p->ctx, &d2, id, NULL, 0, &r->peak_bytes, NULL, NULL);
+    if (st == MF_OK)
+        st = mf_simulate(p->ctx, d, order, NULL, 0, &r->start_peak_bytes, NULL, NULL);
+    mf_free(p->ctx, id);
+    return st;
+}
+
+/* NOTE [searches on regions]  The search scores splits by the unfused rule:
+ * where a plan's regions keep most intermediates out of memory, its peak
+ * step is not the fused peak, and it may find nothing that lowers the plan
+ * (on the Llama-style plain step of benchmarks/real_sizes.py no pass kept
+ * anything).  Where it keeps nothing, the search runs once more on d with
+ * the bytes c's groups never store zeroed (mf_sim.c NOTE [grouped bytes]):
+ * its steps then count what c's regions keep, and its peak step is at the
+ * fused peak.  The copies' graph gets d's bytes back, its copied bytes are
+ * counted with them (a result past the budget is dropped) and its unfused
+ * peaks are scored again; it is kept, as any search's, only where its plan
+ * is lower.  It follows the plain search rather than replacing it: on the
+ * checkpointed pre-LN step the plain search's copies give the lower plan. */
+static int search_on_regions(pipe *p, const mf_graph_desc *d, const cand *c, const uint8_t *ch,
+                             const mf_remat_options *ro, mf_remat_result *r)
+{
+    mf_graph_desc dz = *d;
+    int64_t *vb, cb = 0;
+    int32_t k;
+    int st;
+    memset(r, 0, sizeof *r);
+    if (!(vb = mf_alloc(p->ctx, sizeof(int64_t) * ((size_t)d->n_values + 1))))
+        return MF_ENOMEM;
+    st = mf_grouped_bytes(p->ctx, d, c->plan.order, c->plan.group_ptr, c->plan.n_groups, vb);
+    dz.value_bytes = vb;
+    if (st == MF_OK)
+        st = mf_recompute(p->ctx, &dz, ch, c->plan.order, ro, r);
+    mf_free(p->ctx, vb);
+    p->work += d->n_ops;
+    if (st != MF_OK || r->n_splits == 0)
+        return st;
+    for (k = 0; k < r->n_values; k++) {
+        int32_t o = r->value_origin[k];
+        if (o < 0 || o >= d->n_values)
+            return mf_set_error(p->ctx, MF_EINTERNAL, "recompute: a copy's origin is out of range");
+        r->value_bytes[k] = d->value_bytes[o];
+        if (k >= d->n_values && r->alias_of[k] < 0) /* a copy's own storage; views write nothing */
+            cb += r->value_bytes[k];
+    }
+    r->copied_bytes = cb;
+    if (cb > ro->budget_bytes) {
+        mf_remat_result_free(p->ctx, r);
+        return MF_OK;
+    }
+    return unfused_peaks(p, d, c->plan.order, r);
+}
+
+/* One step on c: the search (focus NULL; NOTE [searches on regions]) or one
+ * focused split, the copies' graph planned with o; *got 1 with *out set
+ * where that plan's peak is lower (out's origins relative to c's graph),
+ * else 0 with out empty. */
 static int pass_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budget, const mf_plan_options *o,
                      const int32_t *focus, cand *out, int *got)
 {
     mf_graph_desc d, d2;
     mf_remat_options ro;
-    int st;
+    int st, on_regions;
     *got = 0;
     memset(out, 0, sizeof *out);
     memset(&ro, 0, sizeof ro);
@@ -206,19 +274,33 @@ static int pass_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budget, 
         ro.focus_pick = focus[2];
     }
     cand_graph(p, c, &d);
-    st = mf_recompute(p->ctx, &d, ch, c->plan.order, &ro, &out->r);
-    p->work += d.n_ops;
-    if (st != MF_OK || out->r.n_splits == 0) {
-        mf_remat_result_free(p->ctx, &out->r);
-        return st;
+    for (on_regions = 0; on_regions < 2; on_regions++) {
+        if (on_regions && (focus || !o->fuse))
+            break;
+        if (on_regions) {
+            st = search_on_regions(p, &d, c, ch, &ro, &out->r);
+        } else {
+            st = mf_recompute(p->ctx, &d, ch, c->plan.order, &ro, &out->r);
+            p->work += d.n_ops;
+        }
+        if (st != MF_OK || out->r.n_splits == 0) {
+            mf_remat_result_free(p->ctx, &out->r);
+            if (st != MF_OK)
+                return st;
+            continue;
+        }
+        out->has_copies = 1;
+        mf_remat_result_desc(&out->r, &d2);
+        if ((st = run_plan(p, &d2, o, &out->plan)) != MF_OK || out->plan.peak_bytes >= c->plan.peak_bytes) {
+            cand_clear(p, out);
+            if (st != MF_OK)
+                return st;
+            continue;
+        }
+        out->on_regions = (uint8_t)on_regions;
+        *got = 1;
+        return MF_OK;
     }
-    out->has_copies = 1;
-    mf_remat_result_desc(&out->r, &d2);
-    if ((st = run_plan(p, &d2, o, &out->plan)) != MF_OK || out->plan.peak_bytes >= c->plan.peak_bytes) {
-        cand_clear(p, out);
-        return st;
-    }
-    *got = 1;
     return MF_OK;
 }
 
@@ -372,6 +454,7 @@ static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, const mf
         const uint8_t *ch;
         cand t;
         int got, ok;
+        uint8_t kind;
         if (left <= 0 || (pass >= passes && !o->fuse) || out_of_work(p))
             break;
         if ((st = fits_as_kept(p, s, eval, &ok)) != MF_OK || ok)
@@ -394,7 +477,8 @@ static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, const mf
             }
             break;
         }
-        if ((st = keep_step(p, s, &t, pass < passes ? MF_STEP_SEARCH : MF_STEP_FOCUSED)) != MF_OK) {
+        kind = pass >= passes ? MF_STEP_FOCUSED : t.on_regions ? MF_STEP_REGIONS : MF_STEP_SEARCH;
+        if ((st = keep_step(p, s, &t, kind)) != MF_OK) {
             cand_clear(p, &t);
             return st;
         }

@@ -21,17 +21,18 @@
 
 #include <string.h>
 
-int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
-                   const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
-                   int64_t *step_bytes, int64_t *live_after)
-{
-    int32_t n = pg->n, i, k, s, j;
-    int32_t *grp, *gsize;
+/* The groups of a grouping: grp[op] its group, gsize[group] its ops, pair[group] an epilogue pair;
+ * group_ptr NULL: every op alone (n_groups ignored).  Checks the grouping and that order is a
+ * permutation of pg's ops. */
+typedef struct groups_of {
+    int32_t *grp, *gsize, n_groups;
     uint8_t *pair;
-    int32_t *pos, *apos, *lastpos;
-    int64_t *diff, *cnt, peak = 0, live = 0;
-    mf_credit cr;
+} groups_of;
 
+static int index_groups(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order, const int32_t *group_ptr,
+                        int32_t n_groups, groups_of *G)
+{
+    int32_t n = pg->n, i, j, k;
     if (!group_ptr)
         n_groups = n;
     if (n_groups < 0)
@@ -47,45 +48,75 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
             return mf_set_error(ctx, MF_EINVAL, "group_ptr[%d] is %d, expected n_ops = %d", (int)n_groups,
                                 (int)group_ptr[n_groups], (int)n);
     }
-    grp = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-    gsize = (int32_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int32_t));
-    diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
-    cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
-    pair = (uint8_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, 1);
-    pos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
-    apos = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
-    lastpos = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
-    if (!grp || !gsize || !diff || !cnt || !pair || !pos || !apos || !lastpos || mf_credit_init(ctx, a, pg, &cr))
+    G->n_groups = n_groups;
+    G->grp = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    G->gsize = (int32_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int32_t));
+    G->pair = (uint8_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, 1);
+    if (!G->grp || !G->gsize || !G->pair)
         return MF_ENOMEM;
     for (k = 0; k < n; k++)
-        grp[k] = -1;
+        G->grp[k] = -1;
     for (i = 0; i < n_groups; i++) {
         int32_t lo = group_ptr ? group_ptr[i] : i, hi = group_ptr ? group_ptr[i + 1] : i + 1;
-        gsize[i] = hi - lo;
+        G->gsize[i] = hi - lo;
         for (j = lo; j < hi; j++) {
             int32_t v = order[j];
             if (v < 0 || v >= n)
                 return mf_set_error(ctx, MF_EINVAL, "order[%d] = %d is out of range [0, %d)", (int)j, (int)v,
                                     (int)n);
-            if (grp[v] >= 0)
+            if (G->grp[v] >= 0)
                 return mf_set_error(ctx, MF_EINVAL, "order is not a permutation: op %d appears twice", (int)v);
-            grp[v] = i;
+            G->grp[v] = i;
         }
-        pair[i] = (uint8_t)(hi - lo == 2 && pg->epi[order[lo + 1]] == order[lo]);
+        G->pair[i] = (uint8_t)(hi - lo == 2 && pg->epi[order[lo + 1]] == order[lo]);
     }
+    return MF_OK;
+}
+
+/* NOTE [cost model]: is storage s stored while the group allocating it runs (a group of one op, a
+ * graph output, read by another group, or a stored inner value outside an epilogue pair)?  *last:
+ * the last group that reads it, or its own where none later does. */
+static int stored_in_group(const mf_pg *pg, const groups_of *G, int32_t s, int32_t *last)
+{
+    int32_t ag = G->grp[pg->salloc[s]], minr = G->n_groups, maxr = -1, j;
+    for (j = pg->sread_ptr[s]; j < pg->sread_ptr[s + 1]; j++) {
+        int32_t r = G->grp[pg->sread[j]];
+        if (r < minr)
+            minr = r;
+        if (r > maxr)
+            maxr = r;
+    }
+    *last = maxr > ag ? maxr : ag;
+    return G->gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag || (pg->smat[s] && !G->pair[ag]);
+}
+
+int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *order,
+                   const int32_t *group_ptr, int32_t n_groups, int64_t *peak_out,
+                   int64_t *step_bytes, int64_t *live_after)
+{
+    int32_t n = pg->n, i, s, j;
+    int32_t *pos, *apos, *lastpos;
+    int64_t *diff, *cnt, peak = 0, live = 0;
+    groups_of G;
+    mf_credit cr;
+    int st;
+
+    if ((st = index_groups(ctx, a, pg, order, group_ptr, n_groups, &G)) != MF_OK)
+        return st;
+    n_groups = G.n_groups;
+    diff = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 2, sizeof(int64_t));
+    cnt = (int64_t *)mf_arena_array(ctx, a, (size_t)n_groups + 1, sizeof(int64_t));
+    pos = (int32_t *)mf_arena_array(ctx, a, (size_t)n + 1, sizeof(int32_t));
+    apos = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
+    lastpos = (int32_t *)mf_arena_array(ctx, a, (size_t)pg->ns + 1, sizeof(int32_t));
+    if (!diff || !cnt || !pos || !apos || !lastpos || mf_credit_init(ctx, a, pg, &cr))
+        return MF_ENOMEM;
     for (s = 0; s < pg->ns; s++) {
-        int32_t ag = grp[pg->salloc[s]], minr = n_groups, maxr = -1, fx;
+        int32_t ag = G.grp[pg->salloc[s]], last, fx;
         int64_t b = pg->sbytes[s];
-        for (j = pg->sread_ptr[s]; j < pg->sread_ptr[s + 1]; j++) {
-            int32_t r = grp[pg->sread[j]];
-            if (r < minr)
-                minr = r;
-            if (r > maxr)
-                maxr = r;
-        }
-        if (gsize[ag] == 1 || pg->sout[s] || minr < ag || maxr > ag || (pg->smat[s] && !pair[ag]))
+        if (stored_in_group(pg, &G, s, &last))
             cnt[ag] += b;
-        fx = pg->sout[s] ? n_groups : (maxr > ag ? maxr : ag); /* gone from live_after[fx] */
+        fx = pg->sout[s] ? n_groups : last; /* gone from live_after[fx] */
         diff[ag] += b;
         diff[fx] -= b;
     }
@@ -101,7 +132,7 @@ int mf_pg_simulate(mf_ctx *ctx, mf_arena *a, const mf_pg *pg, const int32_t *ord
                 lastpos[s] = pos[pg->sread[j]];
     }
     for (i = 0; i < n_groups; i++)
-        if (gsize[i] > 1 && !pair[i])
+        if (G.gsize[i] > 1 && !G.pair[i])
             cnt[i] -= mf_group_credit(&cr, order, apos, lastpos, group_ptr[i], group_ptr[i + 1]);
     for (i = 0; i < n_groups; i++) {
         int64_t during = live + cnt[i];
@@ -134,6 +165,34 @@ int mf_simulate(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order, const
         st = mf_pg_order_check(ctx, &a, &pg, order, "order");
     if (!st)
         st = mf_pg_simulate(ctx, &a, &pg, order, group_ptr, n_groups, peak_out, step_bytes, live_after);
+    mf_arena_release(ctx, &a);
+    return st;
+}
+
+/* NOTE [grouped bytes]  Each value's bytes as a grouping of g stores them:
+ * 0 for every value of a storage made and read inside one group and not
+ * stored there (NOTE [cost model]), else value_bytes[v].  Simulated unfused
+ * in the grouping's order, such a graph's steps are its groups' ops, each
+ * counting what the group keeps, so its peak step is near the fused peak:
+ * what a search that scores by the unfused rule (mf_remat.c) needs to aim at
+ * the fused one.  bytes: n_values entries. */
+int mf_grouped_bytes(mf_ctx *ctx, const mf_graph_desc *g, const int32_t *order, const int32_t *group_ptr,
+                     int32_t n_groups, int64_t *bytes)
+{
+    mf_arena a = {NULL};
+    mf_pg pg;
+    groups_of G;
+    uint8_t *inner = NULL;
+    int32_t s, v, last;
+    int st = mf_pg_build(ctx, &a, g, &pg);
+    if (!st)
+        st = index_groups(ctx, &a, &pg, order, group_ptr, n_groups, &G);
+    if (!st && !(inner = (uint8_t *)mf_arena_array(ctx, &a, (size_t)pg.ns + 1, 1)))
+        st = MF_ENOMEM;
+    for (s = 0; !st && s < pg.ns; s++)
+        inner[s] = (uint8_t)!stored_in_group(&pg, &G, s, &last);
+    for (v = 0; !st && v < g->n_values; v++)
+        bytes[v] = pg.sid[v] >= 0 && inner[pg.sid[v]] ? 0 : g->value_bytes[v];
     mf_arena_release(ctx, &a);
     return st;
 }

@@ -72,7 +72,10 @@ static PyObject *pipeline_dict(const mf_pipeline_result *r)
         return NULL;
     for (i = 0; i < r->n_steps; i++) {
         const mf_pipeline_step *s = &r->steps[i];
-        PyObject *x = Py_BuildValue("{s:s,s:i,s:L,s:L,s:L}", "kind", s->kind == MF_STEP_SEARCH ? "search" : "focused split",
+        const char *kind = s->kind == MF_STEP_SEARCH    ? "search"
+                           : s->kind == MF_STEP_REGIONS ? "search on regions"
+                                                        : "focused split";
+        PyObject *x = Py_BuildValue("{s:s,s:i,s:L,s:L,s:L}", "kind", kind,
                                     "splits", (int)s->splits, "copied_bytes", (long long)s->copied_bytes,
                                     "peak_before", (long long)s->peak_before, "peak_after", (long long)s->peak_after);
         if (!x) {

@@ -10,6 +10,7 @@
  * infinite path is an error.  Allocation failures leave nothing behind.
  */
 #include "mf_build.h"
+#include "mf_internal.h"
 #include "test_util.h"
 
 #include <stdio.h>
@@ -204,6 +205,129 @@ static void test_random_pipelines(void)
     PCHECK(injected, "no small random graph kept copies to inject allocation failures into");
 }
 
+/* One op of fusible level f reading ins (n_in of them, -1 ends early) and making one value of bytes. */
+static int32_t p_op(mf_gbuf *b, int f, const int32_t *ins, int n_in, int64_t bytes)
+{
+    int32_t v;
+    int i;
+    mf_gbuf_begin_op(b, f);
+    for (i = 0; i < n_in; i++)
+        mf_gbuf_op_in(b, ins[i]);
+    v = mf_gbuf_add_value(b, bytes, 0);
+    mf_gbuf_op_out(b, v);
+    mf_gbuf_end_op(b);
+    return v;
+}
+
+/* NOTE [searches on regions] (mf_pipeline.c) and NOTE [grouped bytes] (mf_sim.c).  A cheap c (10)
+ * read by e1 and, after an unfusible m that makes 10, by e2; after e2 a fusible chain a1 -> a2 (30
+ * each) -> a3.  Unfused, the peak is a1 and a2 together, where nothing eligible is live: the search
+ * keeps nothing.  Fused, a1 and a2 are never stored and the peak is m's, with c live across it:
+ * splitting c at e2 lowers it, which only the search on the plan's regions sees. */
+static void test_search_on_regions(void)
+{
+    mf_gbuf b;
+    mf_graph_desc d;
+    mf_pipeline_options o;
+    mf_pipeline_result r;
+    mf_remat_result rr;
+    mf_remat_options ro;
+    mf_ctx ctx;
+    uint8_t cheap[8] = {1, 0, 0, 0, 0, 0, 0};
+    int64_t gb[16], unf = 0;
+    int32_t x, c, e1, m, e2, a1, a2, a3, in[2], i, found = 0;
+    mf_gbuf_init(&b, NULL);
+    x = mf_gbuf_add_value(&b, 1, 1);
+    c = p_op(&b, 1, &x, 1, 10);
+    e1 = p_op(&b, 1, &c, 1, 1);
+    m = p_op(&b, 0, &e1, 1, 10);
+    in[0] = c;
+    in[1] = m;
+    e2 = p_op(&b, 1, in, 2, 1);
+    a1 = p_op(&b, 1, &e2, 1, 30);
+    a2 = p_op(&b, 1, &a1, 1, 30);
+    a3 = p_op(&b, 1, &a2, 1, 1);
+    b.is_output[a3] = 1;
+    mf_gbuf_desc(&b, &d);
+    mf_ctx_init(&ctx, NULL);
+    memset(&o, 0, sizeof o);
+    o.plan.fuse = 1;
+    o.cheap = cheap;
+    o.recompute_budget = 1 << 20;
+    PCHECK(mf_plan_pipeline(&ctx, &d, &o, &r) == MF_OK, "regions: %s", ctx.err);
+    check_result(&d, cheap, &r, -1);
+    for (i = 0; i < r.n_steps; i++)
+        found |= r.steps[i].kind == MF_STEP_REGIONS;
+    PCHECK(found && r.plan.peak_bytes < r.first_peak_bytes,
+           "regions: no search on the regions kept (%d steps, peak %lld, first %lld)", (int)r.n_steps,
+           (long long)r.plan.peak_bytes, (long long)r.first_peak_bytes);
+    mf_pipeline_result_free(&ctx, &r);
+    /* the unfused search alone on the first plan's order keeps nothing */
+    o.recompute_budget = 0;
+    PCHECK(mf_plan_pipeline(&ctx, &d, &o, &r) == MF_OK, "regions: %s", ctx.err);
+    memset(&ro, 0, sizeof ro);
+    ro.budget_bytes = 1 << 20;
+    PCHECK(mf_recompute(&ctx, &d, cheap, r.plan.order, &ro, &rr) == MF_OK && rr.n_splits == 0,
+           "regions: the unfused search made %d copies", (int)rr.n_splits);
+    mf_remat_result_free(&ctx, &rr);
+    /* grouped bytes: a1 and a2 are the first plan's inner values, c is stored */
+    PCHECK(mf_grouped_bytes(&ctx, &d, r.plan.order, r.plan.group_ptr, r.plan.n_groups, gb) == MF_OK, "regions: %s",
+           ctx.err);
+    PCHECK(gb[a1] == 0 && gb[a2] == 0 && gb[c] == 10 && gb[m] == 10 && gb[x] == 1,
+           "regions: grouped bytes a1 %lld a2 %lld c %lld m %lld", (long long)gb[a1], (long long)gb[a2],
+           (long long)gb[c], (long long)gb[m]);
+    /* every op alone, nothing is zeroed, and the unfused peak is a1 and a2 together */
+    PCHECK(mf_grouped_bytes(&ctx, &d, r.plan.order, NULL, 0, gb) == MF_OK && gb[a1] == 30 && gb[a2] == 30,
+           "regions: ops alone zeroed a value");
+    PCHECK(mf_simulate(&ctx, &d, r.plan.order, NULL, 0, &unf, NULL, NULL) == MF_OK && unf >= 60,
+           "regions: unfused peak %lld", (long long)unf);
+    mf_pipeline_result_free(&ctx, &r);
+    mf_gbuf_free(&b);
+}
+
+/* mf_sim.c NOTE [grouped bytes] on random groupings of random graphs without pointwise ops (so no
+ * reuse credit): the unfused peak of the grouped bytes in the grouping's order is never above the
+ * fused peak, and equals it where every op is alone. */
+static void test_grouped_bytes(void)
+{
+    int seed, grouped = 0;
+    for (seed = 0; seed < 60; seed++) {
+        mf_gbuf b;
+        uint8_t cheap[256];
+        mf_graph_desc d, dz;
+        mf_ctx ctx;
+        mf_plan_options po;
+        mf_plan_result pr;
+        int32_t gp[257];
+        int64_t gb[512], fused = 0, unf = 0, alone = 0;
+        int32_t ng;
+        random_graph(&b, cheap, 8 + p_int(20));
+        mf_gbuf_desc(&b, &d);
+        mf_ctx_init(&ctx, NULL);
+        memset(&po, 0, sizeof po);
+        po.fuse = 0;
+        PCHECK(mf_plan(&ctx, &d, &po, &pr) == MF_OK, "grouped bytes seed %d: %s", seed, ctx.err);
+        /* a group boundary after about every third position */
+        ng = mf_test_grouping(&d, pr.order, (uint32_t)p_int(1 << 15) * 0x12491u | 0x49249249u, gp);
+        dz = d;
+        dz.value_bytes = gb;
+        if (ng > 0 && ng < d.n_ops) {
+            grouped++;
+            PCHECK(mf_grouped_bytes(&ctx, &d, pr.order, gp, ng, gb) == MF_OK &&
+                       mf_simulate(&ctx, &d, pr.order, gp, ng, &fused, NULL, NULL) == MF_OK &&
+                       mf_simulate(&ctx, &dz, pr.order, NULL, 0, &unf, NULL, NULL) == MF_OK && unf <= fused,
+                   "grouped bytes seed %d: unfused %lld above fused %lld", seed, (long long)unf, (long long)fused);
+        }
+        PCHECK(mf_grouped_bytes(&ctx, &d, pr.order, NULL, 0, gb) == MF_OK &&
+                   mf_simulate(&ctx, &d, pr.order, NULL, 0, &alone, NULL, NULL) == MF_OK &&
+                   mf_simulate(&ctx, &dz, pr.order, NULL, 0, &unf, NULL, NULL) == MF_OK && unf == alone,
+               "grouped bytes seed %d: ops alone, %lld against %lld", seed, (long long)unf, (long long)alone);
+        mf_plan_result_free(&ctx, &pr);
+        mf_gbuf_free(&b);
+    }
+    PCHECK(grouped >= 10, "only %d random groupings had a group of two ops or more", grouped);
+}
+
 static void test_min_cut(void)
 {
     /* s=0 -> 1 (3), s -> 2 (2), 1 -> 2 (1), 1 -> t=3 (2), 2 -> t (4): flow 5; the sink side in the
@@ -233,6 +357,8 @@ static void test_min_cut(void)
 int mf_test_pipeline(int *checks)
 {
     test_random_pipelines();
+    test_search_on_regions();
+    test_grouped_bytes();
     test_min_cut();
     *checks += p_checks;
     return p_failures;
