@@ -48,7 +48,8 @@ def test_the_plan_says_which_start_won_and_which_passes_it_kept():
         for a, b in zip(steps, steps[1:]):
             assert a["peak_after"] == b["peak_before"], seed
         for st in steps:
-            assert st["kind"] in ("search", "search on regions", "focused split") and st["splits"] > 0
+            assert st["kind"] in ("search", "search on regions", "focused split", "region fission")
+            assert st["splits"] > 0 or st["kind"] == "region fission"  # a fission may only add order
             assert st["peak_after"] < st["peak_before"], seed
         assert sum(st["splits"] for st in steps) == got["recompute"]["splits"], seed
         assert sum(st["copied_bytes"] for st in steps) == got["recompute"]["copied_bytes"], seed

@@ -272,8 +272,8 @@ void mf_plan_result_free(mf_ctx *ctx, mf_plan_result *r);
  * searched order is 0..n_ops-1: origin[k] is the op of g that op k is or
  * copies, value_origin[v] the value of g that v is or copies (values of g
  * keep their ids; new ones follow).  peak_bytes is the unfused peak of that
- * order, start_peak_bytes the same for `order` on g.  n_splits == 0: no copy
- * helped.  Free with mf_remat_result_free. */
+ * order, start_peak_bytes the same for `order` on g.  n_splits == 0 (and
+ * n_edges == 0): no copy helped.  Free with mf_remat_result_free. */
 typedef struct mf_remat_options {
     int64_t budget_bytes;
     int32_t max_rounds;  /* greedy rounds; <= 0: the default */
@@ -282,6 +282,9 @@ typedef struct mf_remat_options {
      * largest eligible value made before focus_hi and read both before and
      * after it is split at its first reader after it (n_splits 0: none). */
     int32_t focus_lo, focus_hi, focus_pick;
+    /* NOTE [region fission] (mf_remat_fission.c): with a focus, the group cut in two around the
+     * pick-th largest storage an unfusible op before it makes for it alone, instead of a split */
+    int fission;
 } mf_remat_options;
 
 typedef struct mf_remat_result {
@@ -291,6 +294,7 @@ typedef struct mf_remat_result {
     int32_t *alias_of, *epilogue_of, *origin, *value_origin;
     uint8_t *is_input, *is_output, *fusible, *comm, *donatable;
     int32_t n_splits;        /* copies made (one per split; views copied with them not counted) */
+    int32_t n_edges;         /* ordering edges added (NOTE [region fission]) */
     int64_t copied_bytes;    /* bytes the split copies write */
     int64_t peak_bytes, start_peak_bytes;
     void *arena_;            /* owns every array above */
@@ -320,8 +324,8 @@ typedef struct mf_pipeline_options {
 #define MF_PIPELINE_WORK_PER_OP ((int64_t)1000)
 #define MF_PIPELINE_MAX_STEPS 16
 /* a search's copies; a focused split's; a search's found on the plan's regions (mf_pipeline.c NOTE
- * [searches on regions]) */
-enum { MF_STEP_SEARCH = 0, MF_STEP_FOCUSED = 1, MF_STEP_REGIONS = 2 };
+ * [searches on regions]); a region cut in two (mf_remat_fission.c NOTE [region fission]) */
+enum { MF_STEP_SEARCH = 0, MF_STEP_FOCUSED = 1, MF_STEP_REGIONS = 2, MF_STEP_FISSION = 3 };
 
 typedef struct mf_pipeline_step {
     uint8_t kind;                   /* MF_STEP_* */

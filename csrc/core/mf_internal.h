@@ -359,6 +359,13 @@ int32_t mf_first_reader_after(const mf_roots *R, int32_t r, int32_t s);
  * reader after it, within budget (*used, *n_used updated; nothing when there is none). */
 int mf_focused_split(mf_ctx *ctx, mf_wgraph *cur, const mf_remat_options *opt, int64_t budget, int64_t *used,
                      int32_t *n_used);
+/* NOTE [region fission] (mf_remat_fission.c): with opt->fission and focus_hi > focus_lo, the group
+ * [focus_lo, focus_hi) cut in two around the focus_pick-th largest storage an unfusible op before it
+ * makes for it alone: the values both halves read copied into the second, ordering edges for what
+ * frees the first half's results before that op (*used, *n_used, *n_edges updated; nothing when it
+ * does not apply or the budget is short). */
+int mf_region_fission(mf_ctx *ctx, mf_wgraph *cur, const mf_remat_options *opt, int64_t budget, int64_t *used,
+                      int32_t *n_used, int32_t *n_edges);
 /* A view chain deeper than this (value, its base, ...) is an error of the move. */
 #define MF_REMAT_MAX_CHAIN 64
 

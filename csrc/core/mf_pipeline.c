@@ -73,7 +73,8 @@
 #define MF_RECOMPUTE_PASSES 3
 /* NOTE [focused splits] here: where regions are formed, once the searches
  * keep nothing, the plan's first group at the fused peak offers the
- * MF_FOCUS_TRIES largest focused splits, one graph each.  A try only ranks a
+ * MF_FOCUS_TRIES largest focused splits, one graph each, and then as many
+ * region fissions (mf_remat_fission.c NOTE [region fission]).  A try only ranks a
  * candidate, so each is planned with 1/MF_FOCUS_STATE_SHARE of the plan's
  * search budgets: its DP states (NOTE [state budget]: the short windows and
  * pieces find the same orders on these graphs; what differs is the long
@@ -90,7 +91,7 @@ typedef struct cand {
     int has_copies;
     mf_remat_result r;  /* the graph with copies; origins in terms of the pipeline's g */
     const char *start;
-    uint8_t on_regions; /* a search's copies found on c's regions (NOTE [searches on regions]) */
+    uint8_t kind;       /* MF_STEP_* of the step that made it (pass_step) */
     int32_t n_steps;
     mf_pipeline_step steps[MF_PIPELINE_MAX_STEPS];
 } cand;
@@ -272,6 +273,7 @@ static int pass_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budget, 
         ro.focus_lo = focus[0];
         ro.focus_hi = focus[1];
         ro.focus_pick = focus[2];
+        ro.fission = focus[3];
     }
     cand_graph(p, c, &d);
     for (on_regions = 0; on_regions < 2; on_regions++) {
@@ -283,7 +285,7 @@ static int pass_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budget, 
             st = mf_recompute(p->ctx, &d, ch, c->plan.order, &ro, &out->r);
             p->work += d.n_ops;
         }
-        if (st != MF_OK || out->r.n_splits == 0) {
+        if (st != MF_OK || (out->r.n_splits == 0 && out->r.n_edges == 0)) {
             mf_remat_result_free(p->ctx, &out->r);
             if (st != MF_OK)
                 return st;
@@ -297,7 +299,9 @@ static int pass_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budget, 
                 return st;
             continue;
         }
-        out->on_regions = (uint8_t)on_regions;
+        out->kind = focus ? (focus[3] ? MF_STEP_FISSION : MF_STEP_FOCUSED)
+                          : on_regions ? MF_STEP_REGIONS
+                                       : MF_STEP_SEARCH;
         *got = 1;
         return MF_OK;
     }
@@ -340,7 +344,7 @@ static int focused_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budge
     mf_plan_options quick = *o;
     mf_plan_result full;
     mf_graph_desc d;
-    int32_t f[3];
+    int32_t f[4];
     int st;
     *got = 0;
     memset(out, 0, sizeof *out);
@@ -348,7 +352,7 @@ static int focused_step(pipe *p, const cand *c, const uint8_t *ch, int64_t budge
     quick.max_refine = focus_share(o->max_refine, MF_DEFAULT_REFINE_POSITIONS);
     if ((st = fused_peak_group(p, c, &f[0], &f[1])) != MF_OK)
         return st;
-    for (f[2] = 0; f[2] < MF_FOCUS_TRIES && f[1] > f[0]; f[2]++) {
+    for (f[3] = 0, f[2] = 0; f[3] < 2 && f[1] > f[0]; f[2] = f[2] + 1 < MF_FOCUS_TRIES ? f[2] + 1 : (f[3]++, 0)) {
         cand t;
         int r;
         if ((st = pass_step(p, c, ch, budget, &quick, f, &t, &r)) != MF_OK) {
@@ -404,6 +408,7 @@ static int keep_step(pipe *p, cand *s, cand *o, uint8_t kind)
             o->r.value_origin[k] = s->r.value_origin[o->r.value_origin[k]];
         }
         o->r.n_splits += s->r.n_splits;
+        o->r.n_edges += s->r.n_edges;
         o->r.copied_bytes += s->r.copied_bytes;
         o->r.start_peak_bytes = s->r.start_peak_bytes;
     }
@@ -454,7 +459,6 @@ static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, const mf
         const uint8_t *ch;
         cand t;
         int got, ok;
-        uint8_t kind;
         if (left <= 0 || (pass >= passes && !o->fuse) || out_of_work(p))
             break;
         if ((st = fits_as_kept(p, s, eval, &ok)) != MF_OK || ok)
@@ -477,8 +481,7 @@ static int passes_on(pipe *p, int64_t budget, const mf_plan_options *o, const mf
             }
             break;
         }
-        kind = pass >= passes ? MF_STEP_FOCUSED : t.on_regions ? MF_STEP_REGIONS : MF_STEP_SEARCH;
-        if ((st = keep_step(p, s, &t, kind)) != MF_OK) {
+        if ((st = keep_step(p, s, &t, t.kind)) != MF_OK) {
             cand_clear(p, &t);
             return st;
         }

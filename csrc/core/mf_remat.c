@@ -728,8 +728,9 @@ int mf_recompute(mf_ctx *ctx, const mf_graph_desc *g, const uint8_t *cheap, cons
         goto fail;
     out->start_peak_bytes = sc.peak;
     if (budget > 0 && opt->focus_hi > opt->focus_lo) {
-        if ((st = mf_focused_split(ctx, &cur, opt, budget, &used, &n_used)) ||
-            (n_used > 0 && (st = score_of(ctx, &cur, &sc, NULL, NULL))))
+        if ((st = opt->fission ? mf_region_fission(ctx, &cur, opt, budget, &used, &n_used, &out->n_edges)
+                               : mf_focused_split(ctx, &cur, opt, budget, &used, &n_used)) ||
+            ((n_used > 0 || out->n_edges > 0) && (st = score_of(ctx, &cur, &sc, NULL, NULL))))
             goto fail;
     } else if (budget > 0) {
         iscore I;

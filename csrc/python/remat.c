@@ -74,6 +74,7 @@ static PyObject *pipeline_dict(const mf_pipeline_result *r)
         const mf_pipeline_step *s = &r->steps[i];
         const char *kind = s->kind == MF_STEP_SEARCH    ? "search"
                            : s->kind == MF_STEP_REGIONS ? "search on regions"
+                           : s->kind == MF_STEP_FISSION ? "region fission"
                                                         : "focused split";
         PyObject *x = Py_BuildValue("{s:s,s:i,s:L,s:L,s:L}", "kind", kind,
                                     "splits", (int)s->splits, "copied_bytes", (long long)s->copied_bytes,

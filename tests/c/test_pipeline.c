@@ -328,6 +328,85 @@ static void test_grouped_bytes(void)
     PCHECK(grouped >= 10, "only %d random groupings had a group of two ops or more", grouped);
 }
 
+/* NOTE [region fission] (mf_remat_fission.c), the move alone.  An MLP backward in the order h = fc1(x),
+ * dy = g W2 (both unfusible), then the group [s, y, t, dh] (s = act'(h), the shared factor; y = h s
+ * the activation's output; t = dy s; dh from t, h, dy), then wg = y^T g.  At the group with dy's
+ * producer as m: B = {t, dh}, A = {s, y}; s is copied for t, and wg gets an edge to run before m.
+ * With h as m (ranked first: as large as dy, made first) the whole group depends on it: nothing. */
+static void test_region_fission(void)
+{
+    mf_gbuf b;
+    mf_graph_desc d, dr;
+    mf_remat_options ro;
+    mf_remat_result rr;
+    mf_ctx ctx;
+    uint8_t cheap[8] = {0, 0, 1, 1, 1, 1, 0};
+    int32_t order[7] = {0, 1, 2, 3, 4, 5, 6}, in[3], x, g, h, dy, s, y, t, dh, wg, k, pos_wg = -1, pos_m = -1;
+    int32_t copies = 0, t_reads_copy = 0, *id;
+    int valid = 0;
+    mf_gbuf_init(&b, NULL);
+    x = mf_gbuf_add_value(&b, 1, 1);
+    g = mf_gbuf_add_value(&b, 1, 1);
+    h = p_op(&b, MF_FUSIBLE_STORED, &x, 1, 4);
+    dy = p_op(&b, MF_FUSIBLE_STORED, &g, 1, 4);
+    s = p_op(&b, MF_FUSIBLE_POINTWISE, &h, 1, 4);
+    in[0] = h;
+    in[1] = s;
+    y = p_op(&b, MF_FUSIBLE_POINTWISE, in, 2, 4);
+    in[0] = dy;
+    t = p_op(&b, MF_FUSIBLE_POINTWISE, in, 2, 4);
+    in[0] = t;
+    in[1] = h;
+    in[2] = dy;
+    dh = p_op(&b, MF_FUSIBLE_POINTWISE, in, 3, 4);
+    in[0] = y;
+    in[1] = g;
+    wg = p_op(&b, MF_FUSIBLE_STORED, in, 2, 1);
+    b.is_output[dh] = b.is_output[wg] = 1;
+    mf_gbuf_desc(&b, &d);
+    mf_ctx_init(&ctx, NULL);
+    memset(&ro, 0, sizeof ro);
+    ro.budget_bytes = 1 << 20;
+    ro.focus_lo = 2;
+    ro.focus_hi = 6;
+    ro.fission = 1;
+    PCHECK(mf_recompute(&ctx, &d, cheap, order, &ro, &rr) == MF_OK && rr.n_splits == 0 && rr.n_edges == 0,
+           "fission around h: %d copies, %d edges (%s)", (int)rr.n_splits, (int)rr.n_edges, ctx.err);
+    mf_remat_result_free(&ctx, &rr);
+    ro.focus_pick = 1;
+    PCHECK(mf_recompute(&ctx, &d, cheap, order, &ro, &rr) == MF_OK && rr.n_splits == 1 && rr.n_edges == 1,
+           "fission around dy: %d copies, %d edges (%s)", (int)rr.n_splits, (int)rr.n_edges, ctx.err);
+    if (rr.n_splits == 1) {
+        mf_remat_result_desc(&rr, &dr);
+        id = rr.origin; /* the result's order is 0..n-1 */
+        for (k = 0; k < rr.n_ops; k++) {
+            int32_t j;
+            copies += id[k] == 2;
+            if (id[k] == 6)
+                pos_wg = k;
+            if (id[k] == 1)
+                pos_m = k;
+            for (j = rr.in_ptr[k]; id[k] == 4 && j < rr.in_ptr[k + 1]; j++)
+                t_reads_copy |= rr.value_origin[rr.in_idx[j]] == s && rr.in_idx[j] != s;
+        }
+        PCHECK(copies == 2 && t_reads_copy, "fission: s made %d times, t reads the copy: %d", (int)copies,
+               t_reads_copy);
+        PCHECK(pos_wg >= 0 && pos_m >= 0 && pos_wg < pos_m && rr.after[2 * (rr.n_after - 1)] == pos_wg &&
+                   rr.after[2 * (rr.n_after - 1) + 1] == pos_m,
+               "fission: wg at %d, dy's GEMM at %d", (int)pos_wg, (int)pos_m);
+        {
+            int32_t ident[16];
+            for (k = 0; k < rr.n_ops && k < 16; k++)
+                ident[k] = k;
+            PCHECK(rr.n_ops <= 16 && mf_check_order(&ctx, &dr, ident, &valid) == MF_OK && valid,
+                   "fission: the result's order breaks an edge");
+        }
+    }
+    mf_remat_result_free(&ctx, &rr);
+    mf_gbuf_free(&b);
+    (void)y;
+}
+
 static void test_min_cut(void)
 {
     /* s=0 -> 1 (3), s -> 2 (2), 1 -> 2 (1), 1 -> t=3 (2), 2 -> t (4): flow 5; the sink side in the
@@ -358,6 +437,7 @@ int mf_test_pipeline(int *checks)
 {
     test_random_pipelines();
     test_search_on_regions();
+    test_region_fission();
     test_grouped_bytes();
     test_min_cut();
     *checks += p_checks;
