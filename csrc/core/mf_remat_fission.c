@@ -46,6 +46,7 @@ typedef struct fis {
     uint8_t *desc;   /* n: depends on m */
     uint8_t *inb;    /* n: in B (positions lo..hi) */
     int32_t *chain;  /* nv */
+    int32_t *eptr, *edst; /* n + 1 CSR: the ordering edges leaving each op */
 } fis;
 
 /* cur in a new order (a permutation of its positions), origins kept in terms of cur's. */
@@ -67,17 +68,18 @@ static int reordered(mf_ctx *ctx, const mf_wgraph *cur, const int32_t *order, mf
     return MF_OK;
 }
 
-/* F->desc: the ops of w that depend on op m (its data and ordering edges), in w's order. */
+/* F->desc: the ops of w that depend on op m (its data and ordering edges), in one pass over w's
+ * order (every edge runs forward in it). */
 static void depends_on(fis *F, const mf_wgraph *w, int32_t m)
 {
-    int32_t k, j, e;
+    int32_t k, j;
     memset(F->desc, 0, (size_t)w->n);
     F->desc[m] = 1;
-    for (k = m + 1; k < w->n; k++) {
+    for (k = m; k < w->n; k++) {
         for (j = w->in_ptr[k]; j < w->in_ptr[k + 1] && !F->desc[k]; j++)
             F->desc[k] = F->prod[w->in_idx[j]] >= 0 && F->desc[F->prod[w->in_idx[j]]];
-        for (e = 0; e < w->n_after && !F->desc[k]; e++)
-            F->desc[k] = w->after[2 * e + 1] == k && F->desc[w->after[2 * e]];
+        for (j = F->eptr[k]; F->desc[k] && j < F->eptr[k + 1]; j++)
+            F->desc[F->edst[j]] = 1;
     }
 }
 
@@ -91,8 +93,8 @@ static void split_group(fis *F, const mf_wgraph *w, int32_t lo, int32_t hi)
         int readers = 0, all_b = 1;
         if (F->inb[k])
             continue;
-        for (x = 0; x < w->n_after && all_b; x++) /* an op that must run before another stays */
-            all_b = w->after[2 * x] != k;
+        if (F->eptr[k + 1] > F->eptr[k]) /* an op that must run before another stays */
+            continue;
         for (j = w->out_ptr[k]; j < w->out_ptr[k + 1]; j++) {
             int32_t v = w->out_idx[j];
             if (w->is_output[v])
@@ -119,8 +121,17 @@ static int fis_setup(fis *F, const mf_wgraph *w)
     F->desc = mf_arena_array(F->ctx, &F->a, (size_t)w->n + 1, 1);
     F->inb = mf_arena_array(F->ctx, &F->a, (size_t)w->n + 1, 1);
     F->chain = mf_arena_array(F->ctx, &F->a, (size_t)w->nv + 1, sizeof(int32_t));
-    if (!F->prod || !F->desc || !F->inb || !F->chain)
+    F->eptr = mf_arena_array(F->ctx, &F->a, (size_t)w->n + 2, sizeof(int32_t));
+    F->edst = mf_arena_array(F->ctx, &F->a, (size_t)w->n_after + 1, sizeof(int32_t));
+    if (!F->prod || !F->desc || !F->inb || !F->chain || !F->eptr || !F->edst)
         return MF_ENOMEM;
+    memset(F->eptr, 0, sizeof(int32_t) * ((size_t)w->n + 2));
+    for (k = 0; k < w->n_after; k++)
+        F->eptr[w->after[2 * k] + 2]++;
+    for (k = 0; k < w->n; k++)
+        F->eptr[k + 2] += F->eptr[k + 1];
+    for (k = 0; k < w->n_after; k++)
+        F->edst[F->eptr[w->after[2 * k] + 1]++] = w->after[2 * k + 1];
     for (k = 0; k < w->nv; k++)
         F->prod[k] = -1;
     for (k = 0; k < w->n; k++)
