@@ -140,35 +140,35 @@ static int fis_setup(fis *F, const mf_wgraph *w)
     return mf_roots_build(F->ctx, &F->a, w, &F->R);
 }
 
-/* The pick-th largest storage the group [lo, hi) reads that an unfusible, not cheap op before lo
- * makes and no op after the group reads: its maker, or -1. */
+/* Is root r a storage the group [lo, hi) reads that an unfusible, not cheap op before lo makes and no
+ * op after the group reads? */
+static int source_of_group(const fis *F, const mf_wgraph *w, int32_t r, int32_t lo, int32_t hi)
+{
+    int32_t p = F->R.prod[r], j;
+    if (F->R.root[r] != r || p < 0 || p >= lo || w->cheap[p] || w->fusible[p] == 1 || F->R.last[r] >= hi)
+        return 0;
+    for (j = F->R.rd_ptr[r]; j < F->R.rd_ptr[r + 1]; j++)
+        if (F->R.rd[j] >= lo)
+            return 1;
+    return 0;
+}
+
+/* The maker of the pick-th largest such storage (ties: the lower id first), or -1. */
 static int32_t producer_at(const fis *F, const mf_wgraph *w, int32_t lo, int32_t hi, int32_t pick)
 {
-    int32_t r, x, best = -1;
+    int32_t r, x;
     for (r = 0; r < w->nv; r++) {
-        int32_t p = F->R.prod[r], rank = 0, j, read = 0;
-        if (F->R.root[r] != r || p < 0 || p >= lo || w->cheap[p] || w->fusible[p] == 1 || F->R.last[r] >= hi)
+        int32_t rank = 0;
+        if (!source_of_group(F, w, r, lo, hi))
             continue;
-        for (j = F->R.rd_ptr[r]; j < F->R.rd_ptr[r + 1]; j++)
-            read |= F->R.rd[j] >= lo;
-        if (!read)
-            continue;
-        for (x = 0; x < w->nv; x++) {
-            int32_t px = F->R.prod[x], rx = 0;
-            if (x == r || F->R.root[x] != x || px < 0 || px >= lo || w->cheap[px] || w->fusible[px] == 1 ||
-                F->R.last[x] >= hi)
-                continue;
-            for (j = F->R.rd_ptr[x]; j < F->R.rd_ptr[x + 1]; j++)
-                rx |= F->R.rd[j] >= lo;
-            if (rx && (w->bytes[x] > w->bytes[r] || (w->bytes[x] == w->bytes[r] && x < r)))
+        for (x = 0; x < w->nv; x++)
+            if (x != r && (w->bytes[x] > w->bytes[r] || (w->bytes[x] == w->bytes[r] && x < r)) &&
+                source_of_group(F, w, x, lo, hi))
                 rank++;
-        }
-        if (rank == pick) {
-            best = p;
-            break;
-        }
+        if (rank == pick)
+            return F->R.prod[r];
     }
-    return best;
+    return -1;
 }
 
 /* A cheap root made in A and read in B, with the index of its first B reader: 1, or 0 where none is
